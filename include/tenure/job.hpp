@@ -1,0 +1,93 @@
+#pragma once
+/// \file
+/// The job model shared by the public API, the engine and the storage adapters.
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "tenure/result.hpp"
+#include "tenure/token.hpp"
+
+namespace tenure {
+
+using clock_type = std::chrono::system_clock;
+using time_point = clock_type::time_point;
+
+/// Every state a job can be in, as shown by the `tenure.jobs` view.
+enum class job_state {
+  scheduled,         ///< waiting for a future run_at (first run or snooze)
+  available,         ///< ready to be claimed
+  running,           ///< an attempt is open (receipt or materialized lease)
+  waiting_external,  ///< the open attempt is parked on an external callback
+  retryable,         ///< failed an attempt; waiting for its backoff before the next one
+  completed,
+  failed,
+  cancelled,
+};
+
+std::string_view to_string(job_state s) noexcept;
+/// Parses the names above; errc::invalid_argument for anything else.
+result<job_state> parse_job_state(std::string_view s) noexcept;
+/// True for completed, failed and cancelled.
+constexpr bool is_terminal(job_state s) noexcept {
+  return s == job_state::completed || s == job_state::failed || s == job_state::cancelled;
+}
+
+inline constexpr int k_min_priority = 1;  ///< highest
+inline constexpr int k_max_priority = 4;  ///< lowest
+inline constexpr int k_default_priority = 2;
+inline constexpr int k_default_max_attempts = 25;
+inline constexpr std::size_t k_max_kind_size = 255;
+inline constexpr std::size_t k_max_queue_size = 128;
+
+/// A job to enqueue. Validate with `validate()`; every enqueue path does.
+struct new_job {
+  std::string kind;
+  nlohmann::json args = nlohmann::json::object();
+  std::string queue = "default";
+  int priority = k_default_priority;
+  std::optional<time_point> run_at;  ///< empty = now
+  int max_attempts = k_default_max_attempts;
+};
+
+/// errc::invalid_argument when a field is out of range: empty or oversized kind or queue, a kind
+/// or queue with control characters, priority outside 1..4, max_attempts < 1, or args that are
+/// not a JSON value (a discarded parse). JSON null args are stored as `{}`.
+result<void> validate(const new_job& job) noexcept;
+
+/// One attempt handed to a worker by a claim.
+struct claimed_attempt {
+  attempt_id attempt;
+  std::string queue;
+  std::string kind;
+  std::string args;  ///< JSON text, as stored
+  int attempt_number = 0;  ///< executions so far, this one included (retry budget only)
+  int max_attempts = 0;
+  std::optional<time_point> deadline;  ///< hard deadline of this attempt, if the queue has one
+  finalization_token token() const noexcept { return finalization_token{attempt}; }
+};
+
+/// Everything known about one job, whatever table holds it.
+struct job_info {
+  std::int64_t id = 0;
+  std::string queue;
+  std::string kind;
+  std::string args;  ///< JSON text
+  job_state state = job_state::available;
+  int priority = k_default_priority;
+  int attempt = 0;
+  int max_attempts = k_default_max_attempts;
+  std::int64_t run_lease = 0;
+  time_point run_at;
+  time_point created_at;
+  std::optional<time_point> finalized_at;
+  std::optional<std::string> last_error;
+  std::optional<std::string> progress;  ///< JSON text
+  bool dead_lettered = false;
+};
+
+}  // namespace tenure

@@ -1,0 +1,124 @@
+#pragma once
+/// \file
+/// The storage port: everything the engine asks of a database, with no SQL dialect in sight.
+///
+/// Implementations: adapters/postgres (the real store) and adapters/sqlite (a fast fake for unit
+/// tests). Both pass the same contract suite (tests/contract). Every method:
+///  - blocks the calling thread until the database answered (call it off any event loop);
+///  - is safe to call from several threads at once (implementations serialize or pool);
+///  - never throws: expected failures are values. `errc::database_unavailable` means nothing is
+///    known to be written; `errc::commit_in_doubt` means the write may have landed and the caller
+///    must reconcile; `errc::transient_conflict` means the whole call may be retried.
+///
+/// The guard rule: every method that names an attempt matches (job_id, run_lease) and the live
+/// state in one statement. Zero rows matched is `stale` (a value, never an error to retry).
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tenure/job.hpp"
+#include "tenure/result.hpp"
+#include "tenure/token.hpp"
+
+namespace tenure::sdk {
+
+using std::chrono::microseconds;
+
+/// A completed outcome waiting to be flushed.
+struct completion {
+  attempt_id attempt;
+  std::optional<std::string> progress;  ///< final progress JSON text, if any
+};
+
+/// Per-item answer of a completion flush.
+struct completion_result {
+  attempt_id attempt;
+  bool applied = false;  ///< false = stale (the attempt was no longer live)
+  std::optional<time_point> completed_at;
+};
+
+/// What a failed attempt became.
+enum class fail_disposition {
+  retry,      ///< use the queue's backoff policy if attempts remain, else fail
+  permanent,  ///< fail now, whatever the remaining attempts
+};
+
+/// An attempt closed by `rescue_stale`.
+struct rescued_attempt {
+  attempt_id attempt;
+  std::string queue;
+  job_state new_state = job_state::available;  ///< available, or failed when attempts are spent
+};
+
+/// Durable evidence about one attempt, read by reconciliation.
+enum class attempt_evidence {
+  open,                ///< the attempt is still live (running or waiting_external)
+  completed_by_this,   ///< the job's terminal record is `completed` with this run lease
+  closed_by_other,     ///< the job moved on: another lease, or closed as not completed
+  unknown_job,         ///< no such job at all
+};
+
+/// The port. See the file comment for the rules every method follows.
+class storage_port {
+ public:
+  virtual ~storage_port() = default;
+
+  // ---- producers --------------------------------------------------------------------------
+  /// Enqueues one job in its own transaction. errc::invalid_argument for a bad job.
+  virtual result<std::int64_t> enqueue(const new_job& job) = 0;
+  /// Enqueues many jobs in one transaction and one set-based statement; ids in input order.
+  /// All or nothing: one invalid job rejects the batch with errc::invalid_argument.
+  virtual result<std::vector<std::int64_t>> enqueue_batch(std::span<const new_job> jobs) = 0;
+
+  // ---- workers ----------------------------------------------------------------------------
+  /// Claims up to `max_jobs` available jobs of `queue` (priority, then FIFO), advancing each
+  /// one's run lease by one and its attempt count by one. Due scheduled/retryable jobs of the
+  /// queue are promoted first. Concurrent callers never receive the same job.
+  virtual result<std::vector<claimed_attempt>> claim(std::string_view queue, int max_jobs,
+                                                     std::string_view worker) = 0;
+  /// Records a heartbeat for every attempt in one statement; returns the attempts that were live
+  /// (the others are stale). `progress[i]`, when set, is flushed with attempt i.
+  virtual result<std::vector<attempt_id>> heartbeat(
+      std::span<const attempt_id> attempts,
+      std::span<const std::optional<std::string>> progress = {}) = 0;
+  /// Completes a batch in one guarded statement. One result per input item, same order.
+  virtual result<std::vector<completion_result>> complete(std::span<const completion> batch) = 0;
+  /// Fails one attempt: retry with the queue's backoff (or `retry_after` when given) while
+  /// attempts remain, else failed / dead-lettered. Returns the job's new state.
+  /// errc::stale_attempt when the attempt is not live.
+  virtual result<job_state> fail(attempt_id attempt, std::string_view error,
+                                 fail_disposition disposition,
+                                 std::optional<microseconds> retry_after = std::nullopt) = 0;
+  /// Gives the attempt back without consuming an attempt; the job runs again after `delay`.
+  /// errc::stale_attempt when the attempt is not live.
+  virtual result<void> snooze(attempt_id attempt, microseconds delay) = 0;
+  /// Cancels the live attempt itself (handler outcome). errc::stale_attempt when not live.
+  virtual result<void> cancel_attempt(attempt_id attempt, std::string_view reason) = 0;
+
+  // ---- administration ---------------------------------------------------------------------
+  /// Cancels a job that is not finished yet. false when it was already finished.
+  /// errc::job_not_found for an unknown id.
+  virtual result<bool> cancel_job(std::int64_t job_id) = 0;
+  /// Makes a finished job runnable again (attempts reset; the run lease keeps counting up).
+  /// false when the job is not finished. errc::job_not_found for an unknown id.
+  virtual result<bool> retry_job(std::int64_t job_id) = 0;
+  /// Reads one job. errc::job_not_found for an unknown id.
+  virtual result<job_info> read_job(std::int64_t job_id) = 0;
+
+  // ---- maintenance ------------------------------------------------------------------------
+  /// Closes attempts whose last heartbeat (or claim, if never heartbeated) is at least
+  /// `stale_after` old, or whose hard deadline passed: available again at once (the attempt
+  /// counts, no backoff), or failed when attempts are spent. Serializes with `complete` on the
+  /// same attempt: exactly one of them wins.
+  virtual result<std::vector<rescued_attempt>> rescue_stale(microseconds stale_after) = 0;
+  /// Moves due scheduled/retryable jobs to available; returns how many.
+  virtual result<std::int64_t> promote_due() = 0;
+  /// Reads durable evidence about one attempt (never writes).
+  virtual result<attempt_evidence> reconcile(attempt_id attempt) = 0;
+};
+
+}  // namespace tenure::sdk

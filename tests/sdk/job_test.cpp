@@ -1,0 +1,40 @@
+#include <gtest/gtest.h>
+
+#include "tenure/job.hpp"
+
+using tenure::errc;
+using tenure::new_job;
+
+TEST(job_validation, accepts_a_plain_job) {
+  new_job j{.kind = "send_email"};
+  EXPECT_TRUE(tenure::validate(j));
+}
+
+TEST(job_validation, rejects_out_of_range_fields) {
+  auto bad = [](auto mutate) {
+    new_job j{.kind = "k"};
+    mutate(j);
+    auto r = tenure::validate(j);
+    return !r && r.error() == errc::invalid_argument;
+  };
+  EXPECT_TRUE(bad([](new_job& j) { j.kind.clear(); }));
+  EXPECT_TRUE(bad([](new_job& j) { j.kind = std::string(256, 'k'); }));
+  EXPECT_TRUE(bad([](new_job& j) { j.kind = "bad\nkind"; }));
+  EXPECT_TRUE(bad([](new_job& j) { j.queue.clear(); }));
+  EXPECT_TRUE(bad([](new_job& j) { j.priority = 0; }));
+  EXPECT_TRUE(bad([](new_job& j) { j.priority = 5; }));
+  EXPECT_TRUE(bad([](new_job& j) { j.max_attempts = 0; }));
+  EXPECT_TRUE(bad([](new_job& j) { j.args = nlohmann::json::parse("{", nullptr, false); }));
+}
+
+TEST(job_state, names_round_trip) {
+  using tenure::job_state;
+  for (auto s : {job_state::scheduled, job_state::available, job_state::running,
+                 job_state::waiting_external, job_state::retryable, job_state::completed,
+                 job_state::failed, job_state::cancelled}) {
+    auto parsed = tenure::parse_job_state(tenure::to_string(s));
+    ASSERT_TRUE(parsed);
+    EXPECT_EQ(parsed.value(), s);
+  }
+  EXPECT_FALSE(tenure::parse_job_state("nope"));
+}
