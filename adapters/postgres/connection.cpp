@@ -1,0 +1,177 @@
+#include "connection.hpp"
+
+#include <charconv>
+#include <cstdio>
+#include <ctime>
+
+#include <spdlog/spdlog.h>
+
+namespace tenure::postgres::detail {
+
+std::int64_t rows::int64(int row, int col) const noexcept {
+  const auto t = text(row, col);
+  std::int64_t v = 0;
+  std::from_chars(t.data(), t.data() + t.size(), v);
+  return v;
+}
+
+errc errc_from_sqlstate(std::string_view s) noexcept {
+  if (s == "TN001") return errc::stale_attempt;
+  if (s == "TN002") return errc::malformed_token;
+  if (s == "TN003") return errc::job_not_found;
+  if (s == "40001" || s == "40P01" || s == "55P03") return errc::transient_conflict;
+  if (s == "42501") return errc::permission_denied;
+  // 3F000 invalid schema, 42P01 undefined table, 42883 undefined function: not installed.
+  if (s == "3F000" || s == "42P01" || s == "42883") return errc::schema_mismatch;
+  if (s.starts_with("08") || s == "57P01" || s == "57P02" || s == "57P03" || s == "53300") {
+    return errc::database_unavailable;
+  }
+  if (s.starts_with("22") || s == "42704" || s == "23514") return errc::invalid_argument;
+  return errc::database_error;
+}
+
+namespace {
+
+std::string one_line(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  for (auto& c : s) {
+    if (c == '\n') c = ' ';
+  }
+  return s;
+}
+
+}  // namespace
+
+result<std::unique_ptr<connection>> connection::open(const std::string& dsn, std::string* detail) {
+  PGconn* c = PQconnectdb(dsn.c_str());
+  if (c == nullptr || PQstatus(c) != CONNECTION_OK) {
+    std::string msg = c ? one_line(PQerrorMessage(c)) : "out of memory";
+    if (c) PQfinish(c);
+    if (detail) *detail = "cannot connect to the database: " + msg;
+    return errc::database_unavailable;
+  }
+  std::unique_ptr<connection> conn{new connection(c)};
+  // UTC everywhere: timestamps cross this boundary as text or epoch microseconds.
+  PGresult* r = PQexec(c, "SET TimeZone = 'UTC'");
+  PQclear(r);
+  return conn;
+}
+
+connection::~connection() {
+  if (conn_) PQfinish(conn_);
+}
+
+result<rows> connection::check(PGresult* r, const char* name, effect e, std::string* detail) {
+  const auto status = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+  if (status == PGRES_TUPLES_OK || status == PGRES_COMMAND_OK) return rows{r};
+  const char* state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
+  std::string msg = one_line(r ? PQresultErrorMessage(r) : PQerrorMessage(conn_));
+  if (msg.empty()) msg = one_line(PQerrorMessage(conn_));
+  if (r) PQclear(r);
+  if (detail) *detail = msg;
+  if (state == nullptr || PQstatus(conn_) != CONNECTION_OK) {
+    // No SQLSTATE: the connection broke. A write may already have been applied.
+    spdlog::warn("tenure.pg: statement {} lost its connection: {}", name, msg);
+    return e == effect::write ? errc::commit_in_doubt : errc::database_unavailable;
+  }
+  const errc code = errc_from_sqlstate(state);
+  if (code == errc::database_error) {
+    spdlog::error("tenure.pg: statement {} failed with SQLSTATE {}: {}", name, state, msg);
+  } else if (code == errc::database_unavailable && e == effect::write) {
+    // Server shutting down or the backend was terminated while our statement ran.
+    spdlog::warn("tenure.pg: statement {} interrupted (SQLSTATE {}): {}", name, state, msg);
+    return errc::commit_in_doubt;
+  }
+  return code;
+}
+
+result<rows> connection::exec(const statement& st, const std::vector<param>& params, effect e,
+                              std::string* detail) {
+  if (!ok()) return errc::database_unavailable;
+  if (!prepared_.contains(st.name)) {
+    PGresult* r = PQprepare(conn_, st.name, st.sql.c_str(), 0, nullptr);
+    auto prepared = check(r, st.name, effect::read, detail);
+    if (!prepared) return prepared.error();
+    prepared_.insert(st.name);
+  }
+  std::vector<const char*> values;
+  values.reserve(params.size());
+  for (const auto& p : params) values.push_back(p ? p->c_str() : nullptr);
+  PGresult* r = PQexecPrepared(conn_, st.name, static_cast<int>(values.size()), values.data(),
+                               nullptr, nullptr, 0);
+  return check(r, st.name, e, detail);
+}
+
+result<rows> connection::exec_script(const std::string& sql, effect e, std::string* detail) {
+  if (!ok()) return errc::database_unavailable;
+  return check(PQexec(conn_, sql.c_str()), "script", e, detail);
+}
+
+void connection::reset_transaction() noexcept {
+  if (ok() && PQtransactionStatus(conn_) != PQTRANS_IDLE) PQclear(PQexec(conn_, "ROLLBACK"));
+}
+
+std::string connection::quote_ident(std::string_view s) const {
+  char* q = PQescapeIdentifier(conn_, s.data(), s.size());
+  std::string out = q ? q : "";
+  PQfreemem(q);
+  return out;
+}
+
+std::string connection::quote_literal(std::string_view s) const {
+  char* q = PQescapeLiteral(conn_, s.data(), s.size());
+  std::string out = q ? q : "";
+  PQfreemem(q);
+  return out;
+}
+
+std::string int_array(const std::vector<std::int64_t>& v) {
+  std::string s = "{";
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(v[i]);
+  }
+  s += '}';
+  return s;
+}
+
+std::string text_array(const std::vector<std::optional<std::string>>& v) {
+  std::string s = "{";
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ',';
+    if (!v[i]) {
+      s += "NULL";
+      continue;
+    }
+    s += '"';
+    for (char c : *v[i]) {
+      if (c == '"' || c == '\\') s += '\\';
+      s += c;
+    }
+    s += '"';
+  }
+  s += '}';
+  return s;
+}
+
+std::string interval_text(std::chrono::microseconds d) {
+  return std::to_string(d.count()) + " microseconds";
+}
+
+std::string timestamp_text(std::chrono::system_clock::time_point t) {
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+  auto secs = static_cast<std::time_t>(us / 1'000'000);
+  long frac = static_cast<long>(us % 1'000'000);
+  if (frac < 0) {
+    frac += 1'000'000;
+    secs -= 1;
+  }
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02d %02d:%02d:%02d.%06ld+00", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, frac);
+  return buf;
+}
+
+}  // namespace tenure::postgres::detail

@@ -1,0 +1,110 @@
+#pragma once
+/// \file
+/// A thin RAII layer over one libpq connection: prepared statements by name, text parameters,
+/// and the translation of every failure into a tenure::errc plus a one-line detail.
+/// Private to adapters/postgres. Not thread-safe: one thread uses a connection at a time.
+#include <libpq-fe.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+#include "tenure/result.hpp"
+
+namespace tenure::postgres::detail {
+
+/// A statement with a stable name (for prepare, logs and metrics).
+struct statement {
+  const char* name;
+  std::string sql;
+};
+
+/// Whether a statement writes. A write whose connection breaks after sending is in doubt.
+enum class effect { read, write };
+
+using param = std::optional<std::string>;  ///< nullopt = SQL NULL
+
+struct result_deleter {
+  void operator()(PGresult* r) const noexcept { PQclear(r); }
+};
+
+/// Rows of one statement's answer (text format).
+class rows {
+ public:
+  rows() = default;
+  explicit rows(PGresult* r) : res_(r) {}
+  int size() const noexcept { return res_ ? PQntuples(res_.get()) : 0; }
+  bool is_null(int row, int col) const noexcept { return PQgetisnull(res_.get(), row, col) != 0; }
+  std::string_view text(int row, int col) const noexcept {
+    return {PQgetvalue(res_.get(), row, col),
+            static_cast<std::size_t>(PQgetlength(res_.get(), row, col))};
+  }
+  std::int64_t int64(int row, int col) const noexcept;
+  bool boolean(int row, int col) const noexcept { return text(row, col) == "t"; }
+  std::optional<std::string> opt_text(int row, int col) const {
+    if (is_null(row, col)) return std::nullopt;
+    return std::string{text(row, col)};
+  }
+
+ private:
+  std::unique_ptr<PGresult, result_deleter> res_;
+};
+
+/// Maps a SQLSTATE to a tenure error code.
+errc errc_from_sqlstate(std::string_view sqlstate) noexcept;
+
+class connection {
+ public:
+  /// Connects (blocking). errc::database_unavailable when the server cannot be reached.
+  static result<std::unique_ptr<connection>> open(const std::string& dsn, std::string* detail = nullptr);
+  ~connection();
+  connection(const connection&) = delete;
+  connection& operator=(const connection&) = delete;
+
+  /// Runs a named statement (prepared on first use on this connection).
+  result<rows> exec(const statement& st, const std::vector<param>& params, effect e,
+                    std::string* detail = nullptr);
+  /// Runs SQL text without parameters (may hold several statements). For migrations and DDL.
+  result<rows> exec_script(const std::string& sql, effect e, std::string* detail = nullptr);
+
+  bool ok() const noexcept { return conn_ && PQstatus(conn_) == CONNECTION_OK; }
+  /// Leaves an aborted or open transaction, if any (after an error mid-transaction).
+  void reset_transaction() noexcept;
+  PGconn* native() const noexcept { return conn_; }
+  /// SQL identifier quoting through libpq.
+  std::string quote_ident(std::string_view s) const;
+  std::string quote_literal(std::string_view s) const;
+
+ private:
+  explicit connection(PGconn* c) noexcept : conn_(c) {}
+  result<rows> check(PGresult* r, const char* name, effect e, std::string* detail);
+
+  PGconn* conn_ = nullptr;
+  std::unordered_set<std::string> prepared_;
+};
+
+// ---- text forms of PostgreSQL values ---------------------------------------------------------
+
+/// '{1,2,3}' for bigint[] / int[].
+std::string int_array(const std::vector<std::int64_t>& v);
+/// '{"a","b\"c",NULL}' for text[] / jsonb[]: every element quoted and escaped.
+std::string text_array(const std::vector<std::optional<std::string>>& v);
+/// '1500000 microseconds' for interval.
+std::string interval_text(std::chrono::microseconds d);
+/// UTC timestamptz text with microseconds.
+std::string timestamp_text(std::chrono::system_clock::time_point t);
+/// A time point from epoch microseconds.
+inline std::chrono::system_clock::time_point from_epoch_us(std::int64_t us) {
+  return std::chrono::system_clock::time_point{std::chrono::microseconds{us}};
+}
+/// SQL expression turning a timestamptz expression into epoch microseconds (bigint).
+inline std::string epoch_us(std::string_view expr) {
+  return "floor(extract(epoch from " + std::string{expr} + ") * 1000000)::bigint";
+}
+
+}  // namespace tenure::postgres::detail

@@ -1,0 +1,177 @@
+#include "tenure/postgres/schema.hpp"
+
+
+#include <spdlog/spdlog.h>
+
+#include "connection.hpp"
+#include "migrations.hpp"
+
+namespace tenure::postgres {
+namespace {
+
+using detail::connection;
+using detail::effect;
+
+void replace_all(std::string& s, std::string_view from, std::string_view to) {
+  for (std::size_t pos = 0; (pos = s.find(from, pos)) != std::string::npos; pos += to.size()) {
+    s.replace(pos, from.size(), to);
+  }
+}
+
+/// The migration text for one schema. The schema name is validated, so it needs no quoting.
+std::string render(const detail::migration& m, std::string_view schema) {
+  std::string sql = m.sql;
+  replace_all(sql, "@wake_channel@", "'" + std::string{schema} + "_wake'");
+  replace_all(sql, "@cancel_channel@", "'" + std::string{schema} + "_cancel'");
+  replace_all(sql, "@schema@", schema);
+  return sql;
+}
+
+result<int> read_version(connection& c, std::string_view schema, std::string* detail) {
+  const std::string s{schema};
+  auto exists = c.exec_script(
+      "SELECT to_regclass(" + c.quote_literal(s + ".schema_version") + ") IS NOT NULL", effect::read,
+      detail);
+  if (!exists) return exists.error();
+  if (!exists.value().boolean(0, 0)) return 0;
+  auto v = c.exec_script("SELECT coalesce(max(version), 0) FROM " + s + ".schema_version",
+                         effect::read, detail);
+  if (!v) return v.error();
+  return static_cast<int>(v.value().int64(0, 0));
+}
+
+result<std::unique_ptr<connection>> connect_checked(std::string_view dsn, std::string_view schema,
+                                                   std::string* detail) {
+  if (!valid_schema_name(schema)) {
+    if (detail) *detail = "invalid schema name '" + std::string{schema} + "' (use [a-z_][a-z0-9_]*)";
+    return errc::invalid_argument;
+  }
+  return connection::open(std::string{dsn}, detail);
+}
+
+}  // namespace
+
+int known_schema_version() noexcept { return static_cast<int>(detail::embedded_migrations().size()); }
+
+bool valid_schema_name(std::string_view schema) noexcept {
+  if (schema.empty() || schema.size() > 63) return false;
+  for (std::size_t i = 0; i < schema.size(); ++i) {
+    const char c = schema[i];
+    const bool ok = (c >= 'a' && c <= 'z') || c == '_' || (i > 0 && c >= '0' && c <= '9');
+    if (!ok) return false;
+  }
+  return true;
+}
+
+result<int> installed_schema_version(std::string_view dsn, std::string_view schema, std::string* detail) {
+  TENURE_TRY(auto c, connect_checked(dsn, schema, detail));
+  return read_version(*c, schema, detail);
+}
+
+result<int> migrate(std::string_view dsn, std::string_view schema, std::string* detail) {
+  TENURE_TRY(auto c, connect_checked(dsn, schema, detail));
+  const std::string s{schema};
+  const int known = known_schema_version();
+
+  // One transaction: concurrent migrators wait on the advisory lock, then see the new version.
+  auto begin = c->exec_script(
+      "BEGIN; SELECT pg_advisory_xact_lock(hashtext(" + c->quote_literal("tenure.migrate:" + s) +
+          ")); CREATE SCHEMA IF NOT EXISTS " + s + "; CREATE TABLE IF NOT EXISTS " + s +
+          ".schema_version (version int PRIMARY KEY, name text NOT NULL, "
+          "applied_at timestamptz NOT NULL DEFAULT now()); REVOKE ALL ON " + s +
+          ".schema_version FROM PUBLIC;",
+      effect::write, detail);
+  if (!begin) {
+    c->reset_transaction();
+    return begin.error();
+  }
+  auto before = read_version(*c, s, detail);
+  if (!before) {
+    c->reset_transaction();
+    return before.error();
+  }
+  if (before.value() > known) {
+    c->reset_transaction();
+    if (detail) {
+      *detail = "database schema '" + s + "' is at version " + std::to_string(before.value()) +
+                ", newer than this tenure binary knows (" + std::to_string(known) +
+                "); upgrade tenure before using this database";
+    }
+    return errc::schema_mismatch;
+  }
+  for (const auto& m : detail::embedded_migrations()) {
+    if (m.version <= before.value()) continue;
+    auto applied = c->exec_script(render(m, s), effect::write, detail);
+    if (applied) {
+      applied = c->exec_script("INSERT INTO " + s + ".schema_version (version, name) VALUES (" +
+                                   std::to_string(m.version) + ", " + c->quote_literal(m.name) + ")",
+                               effect::write, detail);
+    }
+    if (!applied) {
+      c->reset_transaction();
+      if (detail) *detail = "migration " + std::string{m.name} + " failed: " + *detail;
+      return applied.error();
+    }
+    spdlog::info("tenure: applied migration {} to schema {}", m.name, s);
+  }
+  auto commit = c->exec_script("COMMIT", effect::write, detail);
+  if (!commit) return commit.error();
+  return before.value();
+}
+
+result<void> grant(std::string_view dsn, grant_kind kind, std::string_view role, std::string_view schema,
+                   std::string* detail) {
+  TENURE_TRY(auto c, connect_checked(dsn, schema, detail));
+  TENURE_TRY(auto version, read_version(*c, schema, detail));
+  if (version != known_schema_version()) {
+    if (detail) {
+      *detail = "schema '" + std::string{schema} + "' is at version " + std::to_string(version) +
+                ", expected " + std::to_string(known_schema_version()) + " (run tenure migrate)";
+    }
+    return errc::schema_mismatch;
+  }
+  const std::string s{schema};
+  const std::string r = c->quote_ident(role);
+  std::vector<std::string> functions;
+  std::vector<std::string> selects;
+  switch (kind) {
+    case grant_kind::finalizer:
+      functions = {"complete_job(text, jsonb)"};
+      break;
+    case grant_kind::producer:
+      functions = {"enqueue(text, jsonb, text, int, timestamptz, int)",
+                   "enqueue_batch(text[], jsonb[], text[], int[], timestamptz[], int[])"};
+      break;
+    case grant_kind::worker:
+      functions = {"claim(text, int, text)",
+                   "claim_attempts(text, int, text)",
+                   "heartbeat(text)",
+                   "heartbeat_batch(bigint[], bigint[], jsonb[])",
+                   "complete_job(text, jsonb)",
+                   "complete_batch(bigint[], bigint[], jsonb[])",
+                   "fail_job(text, text, boolean)",
+                   "fail_attempt(bigint, bigint, text, boolean, interval)",
+                   "snooze_attempt(bigint, bigint, interval)",
+                   "cancel_attempt(bigint, bigint, text)",
+                   "rescue_stale(interval)",
+                   "rescue_attempts(interval)",
+                   "promote_due(text, int)",
+                   "attempt_evidence(bigint, bigint)",
+                   "worker_idle(text, text)",
+                   "worker_busy(text, text)"};
+      selects = {"jobs", "schema_version"};
+      break;
+  }
+  std::string sql = "BEGIN; GRANT USAGE ON SCHEMA " + s + " TO " + r + ";";
+  for (const auto& f : functions) sql += " GRANT EXECUTE ON FUNCTION " + s + "." + f + " TO " + r + ";";
+  for (const auto& t : selects) sql += " GRANT SELECT ON " + s + "." + t + " TO " + r + ";";
+  sql += " COMMIT;";
+  auto done = c->exec_script(sql, effect::write, detail);
+  if (!done) {
+    c->reset_transaction();
+    return done.error();
+  }
+  return success();
+}
+
+}  // namespace tenure::postgres

@@ -1,0 +1,375 @@
+#include "tenure/postgres/store.hpp"
+
+#include <condition_variable>
+#include <mutex>
+
+#include <spdlog/spdlog.h>
+
+#include "connection.hpp"
+#include "tenure/postgres/schema.hpp"
+
+namespace tenure::postgres {
+
+using detail::connection;
+using detail::effect;
+using detail::epoch_us;
+using detail::param;
+using detail::statement;
+
+namespace {
+
+/// Every statement the store runs, named for logs. Built once per schema.
+struct statements {
+  explicit statements(const std::string& s)
+      : enqueue{"tenure_enqueue",
+                "SELECT " + s + ".enqueue($1, $2::jsonb, $3, $4::int, $5::timestamptz, $6::int)"},
+        enqueue_batch{"tenure_enqueue_batch",
+                      "SELECT job_id FROM " + s +
+                          ".enqueue_batch($1::text[], $2::jsonb[], $3::text[], $4::int[], "
+                          "$5::timestamptz[], $6::int[]) ORDER BY ord"},
+        claim{"tenure_claim", "SELECT job_id, run_lease, kind, args::text, attempt, max_attempts, " +
+                                  epoch_us("deadline_at") + " FROM " + s +
+                                  ".claim_attempts($1, $2::int, $3)"},
+        heartbeat{"tenure_heartbeat", "SELECT job_id, run_lease FROM " + s +
+                                          ".heartbeat_batch($1::bigint[], $2::bigint[], $3::jsonb[])"},
+        complete{"tenure_complete", "SELECT job_id, run_lease, " + epoch_us("completed_at") + " FROM " +
+                                        s + ".complete_batch($1::bigint[], $2::bigint[], $3::jsonb[])"},
+        fail{"tenure_fail",
+             "SELECT " + s + ".fail_attempt($1::bigint, $2::bigint, $3, $4::boolean, $5::interval)"},
+        snooze{"tenure_snooze", "SELECT " + s + ".snooze_attempt($1::bigint, $2::bigint, $3::interval)"},
+        cancel_attempt{"tenure_cancel_attempt",
+                       "SELECT " + s + ".cancel_attempt($1::bigint, $2::bigint, $3)"},
+        cancel_job{"tenure_cancel_job", "SELECT " + s + ".cancel_job($1::bigint)"},
+        retry_job{"tenure_retry_job", "SELECT " + s + ".retry_job($1::bigint)"},
+        read_job{"tenure_read_job",
+                 "SELECT id, queue, kind, args::text, state, priority, attempt, max_attempts, run_lease, " +
+                     epoch_us("run_at") + ", " + epoch_us("created_at") + ", " + epoch_us("finalized_at") +
+                     ", last_error, progress::text, dead_lettered FROM " + s + ".jobs WHERE id = $1::bigint"},
+        rescue{"tenure_rescue",
+               "SELECT job_id, run_lease, queue, new_state FROM " + s + ".rescue_attempts($1::interval)"},
+        promote{"tenure_promote", "SELECT " + s + ".promote_due(NULL, 10000)"},
+        evidence{"tenure_evidence", "SELECT " + s + ".attempt_evidence($1::bigint, $2::bigint)"},
+        version{"tenure_schema_version", "SELECT coalesce(max(version), 0) FROM " + s + ".schema_version"},
+        configure_queue{"tenure_configure_queue",
+                        "INSERT INTO " + s +
+                            ".queues (name, dead_letter, hard_deadline, backoff_base, backoff_cap) "
+                            "VALUES ($1, $2::boolean, $3::interval, $4::interval, $5::interval) "
+                            "ON CONFLICT (name) DO UPDATE SET dead_letter = excluded.dead_letter, "
+                            "hard_deadline = excluded.hard_deadline, backoff_base = excluded.backoff_base, "
+                            "backoff_cap = excluded.backoff_cap"} {}
+
+  statement enqueue, enqueue_batch, claim, heartbeat, complete, fail, snooze, cancel_attempt, cancel_job,
+      retry_job, read_job, rescue, promote, evidence, version, configure_queue;
+};
+
+param text(std::string_view s) { return std::string{s}; }
+param number(std::int64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+struct store::impl {
+  store_options opt;
+  statements st;
+  std::mutex mu;
+  std::condition_variable freed;
+  std::vector<std::unique_ptr<connection>> idle;
+  int borrowed = 0;
+
+  explicit impl(store_options o) : opt(std::move(o)), st(opt.schema) {}
+
+  std::string conninfo() const {
+    // application_name lets an operator find tenure's backends in pg_stat_activity.
+    return opt.dsn;
+  }
+
+  /// Borrows a connection (reopening a broken one), runs `fn(connection&)`, returns it.
+  template <class Fn>
+  auto with_connection(Fn&& fn) -> decltype(fn(std::declval<connection&>())) {
+    std::unique_ptr<connection> c;
+    {
+      std::unique_lock lock(mu);
+      if (!freed.wait_for(lock, opt.acquire_timeout, [&] {
+            return !idle.empty() || borrowed + static_cast<int>(idle.size()) < opt.pool_size;
+          })) {
+        spdlog::warn("tenure.pg: no free connection after {} ms (pool size {})",
+                     opt.acquire_timeout.count(), opt.pool_size);
+        return errc::database_unavailable;
+      }
+      if (!idle.empty()) {
+        c = std::move(idle.back());
+        idle.pop_back();
+      }
+      ++borrowed;
+    }
+    auto give_back = [&](std::unique_ptr<connection> conn) {
+      std::lock_guard lock(mu);
+      --borrowed;
+      if (conn && conn->ok()) idle.push_back(std::move(conn));
+      freed.notify_one();
+    };
+    if (!c || !c->ok()) {
+      std::string why;
+      auto opened = connection::open(opt.dsn, &why);
+      if (!opened) {
+        spdlog::warn("tenure.pg: {}", why);
+        give_back(nullptr);
+        return opened.error();
+      }
+      c = std::move(opened).value();
+    }
+    auto r = fn(*c);
+    c->reset_transaction();
+    give_back(std::move(c));
+    return r;
+  }
+
+  result<detail::rows> run(const statement& s, std::vector<param> params, effect e) {
+    return with_connection([&](connection& c) { return c.exec(s, params, e); });
+  }
+};
+
+store::store(std::unique_ptr<impl> p) noexcept : impl_(std::move(p)) {}
+store::~store() = default;
+
+const store_options& store::options() const noexcept { return impl_->opt; }
+
+result<std::unique_ptr<store>> store::open(store_options options, std::string* detail) {
+  if (!valid_schema_name(options.schema)) {
+    if (detail) *detail = "invalid schema name '" + options.schema + "'";
+    return errc::invalid_argument;
+  }
+  if (options.pool_size < 1) options.pool_size = 1;
+  auto p = std::make_unique<impl>(std::move(options));
+  auto c = connection::open(p->opt.dsn, detail);
+  if (!c) return c.error();
+  auto v = c.value()->exec(p->st.version, {}, effect::read, detail);
+  if (!v) {
+    if (v.error() == errc::schema_mismatch && detail) {
+      *detail = "tenure schema '" + p->opt.schema + "' is not installed (run tenure migrate)";
+    }
+    return v.error();
+  }
+  const auto version = v.value().int64(0, 0);
+  if (version != known_schema_version()) {
+    if (detail) {
+      *detail = "tenure schema '" + p->opt.schema + "' is at version " + std::to_string(version) +
+                " but this binary expects " + std::to_string(known_schema_version()) +
+                (version < known_schema_version() ? " (run tenure migrate)" : " (upgrade tenure)");
+    }
+    return errc::schema_mismatch;
+  }
+  p->idle.push_back(std::move(c).value());
+  return std::unique_ptr<store>(new store(std::move(p)));
+}
+
+result<std::int64_t> store::enqueue(const new_job& job) {
+  TENURE_TRYV(validate(job));
+  std::vector<param> params{text(job.kind), job.args.is_null() ? "{}" : job.args.dump(), text(job.queue),
+                            number(job.priority),
+                            job.run_at ? param{detail::timestamp_text(*job.run_at)} : std::nullopt,
+                            number(job.max_attempts)};
+  TENURE_TRY(auto rows, impl_->run(impl_->st.enqueue, std::move(params), effect::write));
+  return rows.int64(0, 0);
+}
+
+result<std::vector<std::int64_t>> store::enqueue_batch(std::span<const new_job> jobs) {
+  if (jobs.empty()) return std::vector<std::int64_t>{};
+  std::vector<std::optional<std::string>> kinds, args, queues, run_ats;
+  std::vector<std::int64_t> priorities, max_attempts;
+  for (const auto& j : jobs) {
+    TENURE_TRYV(validate(j));
+    kinds.emplace_back(j.kind);
+    args.emplace_back(j.args.is_null() ? "{}" : j.args.dump());
+    queues.emplace_back(j.queue);
+    priorities.push_back(j.priority);
+    max_attempts.push_back(j.max_attempts);
+    run_ats.push_back(j.run_at ? std::optional{detail::timestamp_text(*j.run_at)} : std::nullopt);
+  }
+  TENURE_TRY(auto rows, impl_->run(impl_->st.enqueue_batch,
+                                   {detail::text_array(kinds), detail::text_array(args),
+                                    detail::text_array(queues), detail::int_array(priorities),
+                                    detail::text_array(run_ats), detail::int_array(max_attempts)},
+                                   effect::write));
+  std::vector<std::int64_t> ids;
+  ids.reserve(static_cast<std::size_t>(rows.size()));
+  for (int i = 0; i < rows.size(); ++i) ids.push_back(rows.int64(i, 0));
+  if (ids.size() != jobs.size()) return errc::protocol_error;
+  return ids;
+}
+
+result<std::vector<claimed_attempt>> store::claim(std::string_view queue, int max_jobs,
+                                                  std::string_view worker) {
+  if (max_jobs < 1) return errc::invalid_argument;
+  TENURE_TRY(auto rows, impl_->run(impl_->st.claim,
+                                   {text(queue), number(max_jobs),
+                                    worker.empty() ? std::nullopt : text(worker)},
+                                   effect::write));
+  std::vector<claimed_attempt> out;
+  out.reserve(static_cast<std::size_t>(rows.size()));
+  for (int i = 0; i < rows.size(); ++i) {
+    claimed_attempt a;
+    a.attempt = {rows.int64(i, 0), rows.int64(i, 1)};
+    a.queue = std::string{queue};
+    a.kind = std::string{rows.text(i, 2)};
+    a.args = std::string{rows.text(i, 3)};
+    a.attempt_number = static_cast<int>(rows.int64(i, 4));
+    a.max_attempts = static_cast<int>(rows.int64(i, 5));
+    if (!rows.is_null(i, 6)) a.deadline = detail::from_epoch_us(rows.int64(i, 6));
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
+result<std::vector<attempt_id>> store::heartbeat(std::span<const attempt_id> attempts,
+                                                 std::span<const std::optional<std::string>> progress) {
+  if (attempts.empty()) return std::vector<attempt_id>{};
+  if (!progress.empty() && progress.size() != attempts.size()) return errc::invalid_argument;
+  std::vector<std::int64_t> ids, leases;
+  for (const auto& a : attempts) {
+    ids.push_back(a.job_id);
+    leases.push_back(a.run_lease);
+  }
+  param progress_param;
+  if (!progress.empty()) {
+    progress_param = detail::text_array({progress.begin(), progress.end()});
+  }
+  TENURE_TRY(auto rows, impl_->run(impl_->st.heartbeat,
+                                   {detail::int_array(ids), detail::int_array(leases), progress_param},
+                                   effect::write));
+  std::vector<attempt_id> live;
+  for (int i = 0; i < rows.size(); ++i) live.push_back({rows.int64(i, 0), rows.int64(i, 1)});
+  return live;
+}
+
+result<std::vector<sdk::completion_result>> store::complete(std::span<const sdk::completion> batch) {
+  std::vector<sdk::completion_result> out;
+  if (batch.empty()) return out;
+  std::vector<std::int64_t> ids, leases;
+  std::vector<std::optional<std::string>> progress;
+  bool any_progress = false;
+  for (const auto& c : batch) {
+    ids.push_back(c.attempt.job_id);
+    leases.push_back(c.attempt.run_lease);
+    progress.push_back(c.progress);
+    any_progress = any_progress || c.progress.has_value();
+  }
+  TENURE_TRY(auto rows, impl_->run(impl_->st.complete,
+                                   {detail::int_array(ids), detail::int_array(leases),
+                                    any_progress ? param{detail::text_array(progress)} : std::nullopt},
+                                   effect::write));
+  out.reserve(batch.size());
+  for (const auto& c : batch) out.push_back({c.attempt, false, std::nullopt});
+  for (int i = 0; i < rows.size(); ++i) {
+    const attempt_id a{rows.int64(i, 0), rows.int64(i, 1)};
+    // The first matching input item is the applied one; a duplicate in the batch stays stale.
+    for (auto& r : out) {
+      if (r.attempt == a && !r.applied) {
+        r.applied = true;
+        r.completed_at = detail::from_epoch_us(rows.int64(i, 2));
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+result<job_state> store::fail(attempt_id attempt, std::string_view error, sdk::fail_disposition disposition,
+                              std::optional<sdk::microseconds> retry_after) {
+  TENURE_TRY(auto rows, impl_->run(impl_->st.fail,
+                                   {number(attempt.job_id), number(attempt.run_lease), text(error),
+                                    disposition == sdk::fail_disposition::permanent ? "true" : "false",
+                                    retry_after ? param{detail::interval_text(*retry_after)} : std::nullopt},
+                                   effect::write));
+  if (rows.is_null(0, 0)) return errc::stale_attempt;
+  return parse_job_state(rows.text(0, 0));
+}
+
+result<void> store::snooze(attempt_id attempt, sdk::microseconds delay) {
+  TENURE_TRY(auto rows, impl_->run(impl_->st.snooze,
+                                   {number(attempt.job_id), number(attempt.run_lease),
+                                    detail::interval_text(delay)},
+                                   effect::write));
+  if (!rows.boolean(0, 0)) return errc::stale_attempt;
+  return success();
+}
+
+result<void> store::cancel_attempt(attempt_id attempt, std::string_view reason) {
+  TENURE_TRY(auto rows, impl_->run(impl_->st.cancel_attempt,
+                                   {number(attempt.job_id), number(attempt.run_lease),
+                                    reason.empty() ? std::nullopt : text(reason)},
+                                   effect::write));
+  if (!rows.boolean(0, 0)) return errc::stale_attempt;
+  return success();
+}
+
+result<bool> store::cancel_job(std::int64_t job_id) {
+  TENURE_TRY(auto rows, impl_->run(impl_->st.cancel_job, {number(job_id)}, effect::write));
+  return rows.boolean(0, 0);
+}
+
+result<bool> store::retry_job(std::int64_t job_id) {
+  TENURE_TRY(auto rows, impl_->run(impl_->st.retry_job, {number(job_id)}, effect::write));
+  return rows.boolean(0, 0);
+}
+
+result<job_info> store::read_job(std::int64_t job_id) {
+  TENURE_TRY(auto rows, impl_->run(impl_->st.read_job, {number(job_id)}, effect::read));
+  if (rows.size() == 0) return errc::job_not_found;
+  job_info j;
+  j.id = rows.int64(0, 0);
+  j.queue = rows.text(0, 1);
+  j.kind = rows.text(0, 2);
+  j.args = rows.text(0, 3);
+  TENURE_TRY(j.state, parse_job_state(rows.text(0, 4)));
+  j.priority = static_cast<int>(rows.int64(0, 5));
+  j.attempt = static_cast<int>(rows.int64(0, 6));
+  j.max_attempts = static_cast<int>(rows.int64(0, 7));
+  j.run_lease = rows.int64(0, 8);
+  j.run_at = detail::from_epoch_us(rows.int64(0, 9));
+  j.created_at = detail::from_epoch_us(rows.int64(0, 10));
+  if (!rows.is_null(0, 11)) j.finalized_at = detail::from_epoch_us(rows.int64(0, 11));
+  j.last_error = rows.opt_text(0, 12);
+  j.progress = rows.opt_text(0, 13);
+  j.dead_lettered = rows.boolean(0, 14);
+  return j;
+}
+
+result<std::vector<sdk::rescued_attempt>> store::rescue_stale(sdk::microseconds stale_after) {
+  TENURE_TRY(auto rows, impl_->run(impl_->st.rescue, {detail::interval_text(stale_after)}, effect::write));
+  std::vector<sdk::rescued_attempt> out;
+  for (int i = 0; i < rows.size(); ++i) {
+    sdk::rescued_attempt r;
+    r.attempt = {rows.int64(i, 0), rows.int64(i, 1)};
+    r.queue = rows.text(i, 2);
+    TENURE_TRY(r.new_state, parse_job_state(rows.text(i, 3)));
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+result<std::int64_t> store::promote_due() {
+  TENURE_TRY(auto rows, impl_->run(impl_->st.promote, {}, effect::write));
+  return rows.int64(0, 0);
+}
+
+result<sdk::attempt_evidence> store::reconcile(attempt_id attempt) {
+  TENURE_TRY(auto rows, impl_->run(impl_->st.evidence,
+                                   {number(attempt.job_id), number(attempt.run_lease)}, effect::read));
+  const auto e = rows.text(0, 0);
+  if (e == "open") return sdk::attempt_evidence::open;
+  if (e == "completed") return sdk::attempt_evidence::completed_by_this;
+  if (e == "closed_by_other") return sdk::attempt_evidence::closed_by_other;
+  if (e == "unknown_job") return sdk::attempt_evidence::unknown_job;
+  return errc::protocol_error;
+}
+
+result<void> store::configure_queue(std::string_view queue, const queue_settings& s) {
+  TENURE_TRYV(impl_->run(impl_->st.configure_queue,
+                        {text(queue), s.dead_letter ? "true" : "false",
+                         s.hard_deadline ? param{detail::interval_text(*s.hard_deadline)} : std::nullopt,
+                         detail::interval_text(s.backoff_base), detail::interval_text(s.backoff_cap)},
+                        effect::write));
+  return success();
+}
+
+}  // namespace tenure::postgres

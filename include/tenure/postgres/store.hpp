@@ -1,0 +1,69 @@
+#pragma once
+/// \file
+/// The PostgreSQL storage adapter: the real implementation of the storage port.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "sdk/storage_port.hpp"
+#include "tenure/result.hpp"
+
+namespace tenure::postgres {
+
+struct store_options {
+  std::string dsn;                 ///< libpq connection string or URL
+  std::string schema = "tenure";   ///< where `tenure migrate` installed the schema
+  int pool_size = 4;               ///< connections kept open; each call borrows one
+  std::chrono::milliseconds acquire_timeout{30'000};  ///< wait for a free connection
+  std::string application_name = "tenure";
+};
+
+/// Storage port over a small pool of libpq connections. Thread-safe: each call borrows one
+/// connection and blocks until its single statement answered. A broken connection is reopened
+/// on the next call. Every write is one autocommit statement; when the connection breaks after
+/// such a statement was sent, the call reports errc::commit_in_doubt (it may have been applied).
+class store final : public sdk::storage_port {
+ public:
+  /// Opens the pool (one connection at once, the rest on demand) and checks that the schema is
+  /// installed at the version this binary knows (errc::schema_mismatch otherwise).
+  static result<std::unique_ptr<store>> open(store_options options, std::string* detail = nullptr);
+  ~store() override;
+
+  result<std::int64_t> enqueue(const new_job& job) override;
+  result<std::vector<std::int64_t>> enqueue_batch(std::span<const new_job> jobs) override;
+  result<std::vector<claimed_attempt>> claim(std::string_view queue, int max_jobs,
+                                             std::string_view worker) override;
+  result<std::vector<attempt_id>> heartbeat(
+      std::span<const attempt_id> attempts,
+      std::span<const std::optional<std::string>> progress = {}) override;
+  result<std::vector<sdk::completion_result>> complete(std::span<const sdk::completion> batch) override;
+  result<job_state> fail(attempt_id attempt, std::string_view error, sdk::fail_disposition disposition,
+                         std::optional<sdk::microseconds> retry_after = std::nullopt) override;
+  result<void> snooze(attempt_id attempt, sdk::microseconds delay) override;
+  result<void> cancel_attempt(attempt_id attempt, std::string_view reason) override;
+  result<bool> cancel_job(std::int64_t job_id) override;
+  result<bool> retry_job(std::int64_t job_id) override;
+  result<job_info> read_job(std::int64_t job_id) override;
+  result<std::vector<sdk::rescued_attempt>> rescue_stale(sdk::microseconds stale_after) override;
+  result<std::int64_t> promote_due() override;
+  result<sdk::attempt_evidence> reconcile(attempt_id attempt) override;
+
+  /// Per-queue settings (creates or replaces the queue's row in `<schema>.queues`).
+  struct queue_settings {
+    bool dead_letter = false;
+    std::optional<sdk::microseconds> hard_deadline;
+    sdk::microseconds backoff_base = std::chrono::seconds{1};
+    sdk::microseconds backoff_cap = std::chrono::hours{1};
+  };
+  result<void> configure_queue(std::string_view queue, const queue_settings& settings);
+
+  const store_options& options() const noexcept;
+
+ private:
+  struct impl;
+  explicit store(std::unique_ptr<impl> p) noexcept;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace tenure::postgres
