@@ -1,0 +1,138 @@
+// The privilege boundary: roles get only what `tenure grant-*` gives them, and the
+// SECURITY DEFINER functions cannot be steered by a caller's search_path.
+#include <gtest/gtest.h>
+
+#include "support/pg.hpp"
+#include "tenure/postgres/schema.hpp"
+
+using tenure::test::pg;
+using tenure::test::scoped_schema;
+
+namespace {
+
+class security : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    role_ = "tenure_role_" + tenure::test::random_suffix();
+    admin_.exec("CREATE ROLE " + role_ + " LOGIN");
+    // The role owns a schema of its own: the attacker's playground.
+    admin_.exec("CREATE SCHEMA " + role_ + "_own AUTHORIZATION " + role_);
+  }
+  void TearDown() override {
+    admin_.query("DROP SCHEMA IF EXISTS " + role_ + "_own CASCADE");
+    admin_.query("DROP OWNED BY " + role_ + " CASCADE");
+    admin_.query("DROP ROLE IF EXISTS " + role_);
+  }
+  std::string s(const std::string& name) const { return schema_.name() + "." + name; }
+  void grant(tenure::postgres::grant_kind kind) {
+    std::string why;
+    auto g = tenure::postgres::grant(schema_.dsn(), kind, role_, schema_.name(), &why);
+    ASSERT_TRUE(g) << why;
+  }
+  std::string claim_token() {
+    admin_.exec("SELECT " + s("enqueue") + "('k')");
+    return admin_.scalar("SELECT token FROM " + s("claim") + "('default')");
+  }
+
+  scoped_schema schema_{"sec"};
+  pg admin_{schema_.dsn()};
+  std::string role_;
+};
+
+TEST_F(security, execute_is_revoked_from_public_on_every_function) {
+  EXPECT_EQ(admin_.scalar("SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+                          "WHERE n.nspname = $1 AND has_function_privilege('public', p.oid, 'EXECUTE')",
+                          {schema_.name()}),
+            "0");
+  EXPECT_EQ(admin_.scalar("SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+                          "WHERE n.nspname = $1 AND (NOT p.prosecdef OR NOT "
+                          "array_to_string(p.proconfig, ',') LIKE '%search_path=pg_catalog, pg_temp%')",
+                          {schema_.name()}),
+            "0")
+      << "every function is SECURITY DEFINER with search_path ending in pg_temp";
+}
+
+TEST_F(security, a_role_without_grants_can_do_nothing) {
+  pg as_role{tenure::test::dsn_with_user(schema_.dsn(), role_)};
+  EXPECT_EQ(as_role.query("SELECT " + s("enqueue") + "('k')").sqlstate, "42501");
+  EXPECT_EQ(as_role.query("SELECT * FROM " + s("jobs")).sqlstate, "42501");
+}
+
+TEST_F(security, finalizer_can_complete_a_token_in_its_own_transaction_and_nothing_else) {
+  grant(tenure::postgres::grant_kind::finalizer);
+  const auto token = claim_token();
+  pg as_role{tenure::test::dsn_with_user(schema_.dsn(), role_)};
+  // Hostile search_path: shadow functions and operators the contract's SQL uses.
+  as_role.exec("CREATE FUNCTION " + role_ + "_own.regexp_match(text, text) RETURNS text[] "
+               "LANGUAGE sql AS $$ SELECT ARRAY['1','1'] $$");
+  as_role.exec("CREATE FUNCTION " + role_ + "_own.now() RETURNS timestamptz LANGUAGE sql AS "
+               "$$ SELECT '2000-01-01'::timestamptz $$");
+  as_role.exec("CREATE FUNCTION " + role_ + "_own.tbig_eq(bigint, bigint) RETURNS boolean LANGUAGE sql "
+               "AS $$ SELECT true $$");
+  as_role.exec("CREATE OPERATOR " + role_ + "_own.= (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = " +
+               role_ + "_own.tbig_eq)");
+  as_role.exec("SET search_path = " + role_ + "_own, pg_catalog");
+
+  EXPECT_EQ(as_role.query("SELECT count(*) FROM " + s("jobs")).sqlstate, "42501");
+  for (const auto& table : {"ready", "receipts", "done", "deferred", "attempt_state", "queues", "schema_version"}) {
+    EXPECT_EQ(as_role.query("SELECT count(*) FROM " + s(table)).sqlstate, "42501") << table;
+    EXPECT_EQ(as_role.query("DELETE FROM " + s(table)).sqlstate, "42501") << table;
+  }
+  EXPECT_EQ(as_role.query("SELECT " + s("enqueue") + "('k')").sqlstate, "42501");
+  EXPECT_EQ(as_role.query("SELECT * FROM " + s("claim") + "('default')").sqlstate, "42501");
+  EXPECT_EQ(as_role.query("SELECT " + s("cancel_job") + "(1)").sqlstate, "42501");
+  EXPECT_EQ(as_role.query("SELECT " + s("parse_token") + "('tn1:1:1')").sqlstate, "42501");
+
+  // A malformed or stale token is still refused despite the shadowing.
+  EXPECT_EQ(as_role.query("SELECT * FROM " + s("complete_job") + "('tn1:1:999')").sqlstate, "TN001");
+  EXPECT_EQ(as_role.query("SELECT * FROM " + s("complete_job") + "('garbage')").sqlstate, "TN002");
+
+  as_role.exec("BEGIN");
+  as_role.exec("CREATE TABLE " + role_ + "_own.business (n int)");
+  as_role.exec("INSERT INTO " + role_ + "_own.business VALUES (1)");
+  auto done = as_role.query("SELECT job_id, run_lease FROM " + s("complete_job") + "($1)", {token});
+  ASSERT_TRUE(done.ok) << done.error;
+  as_role.exec("COMMIT");
+  EXPECT_EQ(admin_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {done.at(0, 0)}), "completed");
+  EXPECT_EQ(admin_.scalar("SELECT finalized_at > now() - interval '1 hour' FROM " + s("jobs") +
+                          " WHERE id = $1", {done.at(0, 0)}),
+            "t")
+      << "the shadow now() was not used";
+}
+
+TEST_F(security, producer_can_enqueue_but_not_claim_or_read) {
+  grant(tenure::postgres::grant_kind::producer);
+  pg as_role{tenure::test::dsn_with_user(schema_.dsn(), role_)};
+  auto id = as_role.query("SELECT " + s("enqueue") + "('k', '{\"a\":1}')");
+  ASSERT_TRUE(id.ok) << id.error;
+  EXPECT_TRUE(as_role.query("SELECT * FROM " + s("enqueue_batch") +
+                            "(ARRAY['a'], ARRAY['{}'::jsonb], ARRAY['q'], ARRAY[2])").ok);
+  EXPECT_EQ(as_role.query("SELECT * FROM " + s("claim") + "('default')").sqlstate, "42501");
+  EXPECT_EQ(as_role.query("SELECT * FROM " + s("jobs")).sqlstate, "42501");
+  EXPECT_EQ(admin_.scalar("SELECT count(*) FROM " + s("jobs")), "2");
+}
+
+TEST_F(security, worker_can_drive_the_attempt_protocol_but_not_touch_tables) {
+  grant(tenure::postgres::grant_kind::worker);
+  admin_.exec("SELECT " + s("enqueue") + "('k')");
+  pg as_role{tenure::test::dsn_with_user(schema_.dsn(), role_)};
+  auto c = as_role.query("SELECT token FROM " + s("claim") + "('default')");
+  ASSERT_TRUE(c.ok) << c.error;
+  ASSERT_EQ(c.rows.size(), 1u);
+  EXPECT_EQ(as_role.scalar("SELECT " + s("heartbeat") + "($1)", {c.at(0, 0)}), "t");
+  EXPECT_TRUE(as_role.query("SELECT * FROM " + s("complete_job") + "($1)", {c.at(0, 0)}).ok);
+  EXPECT_EQ(as_role.scalar("SELECT state FROM " + s("jobs")), "completed");
+  EXPECT_EQ(as_role.query("DELETE FROM " + s("done")).sqlstate, "42501");
+  EXPECT_EQ(as_role.query("SELECT * FROM " + s("receipts")).sqlstate, "42501");
+}
+
+TEST_F(security, grant_to_an_unknown_role_is_a_clear_error) {
+  std::string why;
+  auto g = tenure::postgres::grant(schema_.dsn(), tenure::postgres::grant_kind::finalizer,
+                                   "no_such_role_" + tenure::test::random_suffix(), schema_.name(), &why);
+  ASSERT_FALSE(g);
+  EXPECT_EQ(g.error(), tenure::errc::invalid_argument);
+  EXPECT_NE(why.find("does not exist"), std::string::npos) << why;
+}
+
+}  // namespace

@@ -1,0 +1,390 @@
+// The public SQL contract, driven as any other language would drive it: plain SQL over libpq.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "support/pg.hpp"
+#include "tenure/postgres/schema.hpp"
+#include "tenure/postgres/store.hpp"
+
+using tenure::test::pg;
+using tenure::test::scoped_schema;
+
+namespace {
+
+class sql_contract : public ::testing::Test {
+ protected:
+  scoped_schema schema_{"sqlc"};
+  pg db_{schema_.dsn()};
+  std::string s(const std::string& fn) const { return schema_.name() + "." + fn; }
+
+  std::string enqueue(const std::string& kind, const std::string& extra = "") {
+    return db_.scalar("SELECT " + s("enqueue") + "('" + kind + "'" + extra + ")");
+  }
+  struct claimed {
+    std::string job_id, run_lease, attempt, token;
+  };
+  std::vector<claimed> claim(int n, const std::string& queue = "default") {
+    auto r = db_.exec("SELECT job_id, run_lease, attempt, token FROM " + s("claim") + "($1, $2)",
+                      {queue, std::to_string(n)});
+    std::vector<claimed> out;
+    for (auto& row : r.rows) out.push_back({*row[0], *row[1], *row[2], *row[3]});
+    return out;
+  }
+  std::string state_of(const std::string& id) {
+    return db_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {id});
+  }
+};
+
+TEST_F(sql_contract, migrate_twice_is_a_noop) {
+  std::string why;
+  auto again = tenure::postgres::migrate(schema_.dsn(), schema_.name(), &why);
+  ASSERT_TRUE(again) << why;
+  EXPECT_EQ(again.value(), tenure::postgres::known_schema_version());
+  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("schema_version")),
+            std::to_string(tenure::postgres::known_schema_version()));
+}
+
+TEST_F(sql_contract, newer_schema_version_is_refused_with_a_clear_error) {
+  db_.exec("INSERT INTO " + s("schema_version") + " (version, name) VALUES (99, 'from_the_future')");
+  std::string why;
+  auto m = tenure::postgres::migrate(schema_.dsn(), schema_.name(), &why);
+  ASSERT_FALSE(m);
+  EXPECT_EQ(m.error(), tenure::errc::schema_mismatch);
+  EXPECT_NE(why.find("version 99"), std::string::npos) << why;
+  auto st = tenure::postgres::store::open({.dsn = schema_.dsn(), .schema = schema_.name()}, &why);
+  ASSERT_FALSE(st);
+  EXPECT_EQ(st.error(), tenure::errc::schema_mismatch);
+}
+
+TEST_F(sql_contract, enqueue_is_part_of_the_callers_transaction) {
+  db_.exec("BEGIN");
+  const auto rolled_back = enqueue("k");
+  db_.exec("ROLLBACK");
+  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("jobs") + " WHERE id = $1", {rolled_back}), "0");
+  db_.exec("BEGIN");
+  const auto committed = enqueue("k");
+  pg other{schema_.dsn()};
+  EXPECT_EQ(other.scalar("SELECT count(*) FROM " + s("jobs") + " WHERE id = $1", {committed}), "0")
+      << "an uncommitted job must be invisible to workers";
+  EXPECT_TRUE(other.exec("SELECT * FROM " + s("claim") + "('default')").rows.empty());
+  db_.exec("COMMIT");
+  EXPECT_EQ(state_of(committed), "available");
+}
+
+TEST_F(sql_contract, enqueue_rejects_bad_input_with_22023) {
+  for (const std::string& extra : {std::string{", '{}', 'default', 0"}, std::string{", '{}', 'default', 5"},
+                                   std::string{", '{}', '', 2"}, std::string{", '{}', 'default', 2, NULL, 0"}}) {
+    auto r = db_.query("SELECT " + s("enqueue") + "('k'" + extra + ")");
+    EXPECT_FALSE(r.ok) << extra;
+    EXPECT_EQ(r.sqlstate, "22023") << extra << ": " << r.error;
+  }
+  auto r = db_.query("SELECT " + s("enqueue") + "('')");
+  EXPECT_EQ(r.sqlstate, "22023");
+  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("jobs")), "0");
+}
+
+TEST_F(sql_contract, claim_advances_run_lease_and_attempt_and_returns_a_token) {
+  const auto id = enqueue("k", ", '{\"n\":1}'");
+  auto c1 = claim(1);
+  ASSERT_EQ(c1.size(), 1u);
+  EXPECT_EQ(c1[0].job_id, id);
+  EXPECT_EQ(c1[0].run_lease, "1");
+  EXPECT_EQ(c1[0].attempt, "1");
+  EXPECT_EQ(c1[0].token, "tn1:" + id + ":1");
+  EXPECT_EQ(state_of(id), "running");
+  db_.exec("SELECT " + s("fail_job") + "($1, 'boom', true)", {c1[0].token});
+  db_.exec("UPDATE " + s("deferred") + " SET run_at = now() - interval '1 second'");
+  auto c2 = claim(1);
+  ASSERT_EQ(c2.size(), 1u);
+  EXPECT_EQ(c2[0].run_lease, "2");
+  EXPECT_EQ(c2[0].attempt, "2");
+}
+
+TEST_F(sql_contract, claim_orders_by_priority_then_fifo_and_skips_future_run_at) {
+  const auto low = enqueue("low", ", '{}', 'default', 4");
+  const auto a = enqueue("a");
+  const auto future = enqueue("future", ", '{}', 'default', 1, now() + interval '1 hour'");
+  const auto b = enqueue("b");
+  const auto high = enqueue("high", ", '{}', 'default', 1");
+  auto c = claim(10);
+  ASSERT_EQ(c.size(), 4u);
+  EXPECT_EQ(c[0].job_id, high);
+  EXPECT_EQ(c[1].job_id, a);
+  EXPECT_EQ(c[2].job_id, b);
+  EXPECT_EQ(c[3].job_id, low);
+  EXPECT_EQ(state_of(future), "scheduled");
+  db_.exec("UPDATE " + s("deferred") + " SET run_at = now() - interval '1 second'");
+  auto later = claim(10);
+  ASSERT_EQ(later.size(), 1u);
+  EXPECT_EQ(later[0].job_id, future);
+}
+
+TEST_F(sql_contract, complete_job_returns_evidence_and_is_stale_the_second_time) {
+  const auto id = enqueue("k");
+  auto c = claim(1);
+  auto r = db_.exec("SELECT job_id, run_lease, completed_at FROM " + s("complete_job") + "($1, '{\"pct\":100}')",
+                    {c[0].token});
+  ASSERT_EQ(r.rows.size(), 1u);
+  EXPECT_EQ(r.at(0, 0), id);
+  EXPECT_EQ(r.at(0, 1), "1");
+  EXPECT_EQ(state_of(id), "completed");
+  EXPECT_EQ(db_.scalar("SELECT progress->>'pct' FROM " + s("jobs") + " WHERE id = $1", {id}), "100");
+  auto again = db_.query("SELECT * FROM " + s("complete_job") + "($1)", {c[0].token});
+  EXPECT_EQ(again.sqlstate, "TN001") << again.error;
+}
+
+TEST_F(sql_contract, stale_tokens_raise_tn001_after_rescue_cancel_and_reclaim) {
+  enqueue("a");
+  enqueue("b");
+  auto c = claim(2);
+  ASSERT_EQ(c.size(), 2u);
+  // Rescue wins: the first attempt is closed; its token is stale everywhere.
+  db_.exec("SELECT " + s("rescue_stale") + "('0 seconds')");
+  for (const auto& fn : {"complete_job($1)", "fail_job($1, 'x')"}) {
+    auto r = db_.query("SELECT * FROM " + s(fn), {c[0].token});
+    EXPECT_EQ(r.sqlstate, "TN001") << fn << ": " << r.error;
+  }
+  EXPECT_EQ(db_.scalar("SELECT " + s("heartbeat") + "($1)", {c[0].token}), "f");
+  // Re-claimed: the new attempt has a new lease; the old token still cannot touch it.
+  auto again = claim(2);
+  ASSERT_EQ(again.size(), 2u);
+  EXPECT_EQ(again[0].run_lease, "2");
+  EXPECT_EQ(db_.query("SELECT * FROM " + s("complete_job") + "($1)", {c[0].token}).sqlstate, "TN001");
+  EXPECT_EQ(state_of(again[0].job_id), "running");
+  // Cancel wins: the running attempt is closed and its completion is stale.
+  EXPECT_EQ(db_.scalar("SELECT " + s("cancel_job") + "($1)", {again[1].job_id}), "t");
+  EXPECT_EQ(db_.query("SELECT * FROM " + s("complete_job") + "($1)", {again[1].token}).sqlstate, "TN001");
+  EXPECT_EQ(state_of(again[1].job_id), "cancelled");
+}
+
+TEST_F(sql_contract, every_token_function_raises_only_tn002_for_malformed_input) {
+  std::vector<tenure::test::cell> inputs = {
+      std::nullopt, "", "tn1", "tn1:", "tn1:1", "tn1:1:", "tn1:0:1", "tn1:-1:1", "tn1:01:1", "tn2:1:1",
+      "tn1:1:1:1", "tn1:9223372036854775808:1", "tn1:1:99999999999999999999", " tn1:1:1", "tn1:1:1\n",
+      "tn1:１:1", "'; DROP TABLE x; --", std::string(100000, 'x'), "tn1:" + std::string(70, '1') + ":1",
+      "\xF0\x9F\x98\x80", "tn1:1e3:1", "tn1:0x1:1"};
+  std::mt19937 rng{12345};
+  // Whole code points, so every input is valid text (invalid UTF-8 never reaches a function).
+  const std::vector<std::string> alphabet = {"t", "n", "1", ":", "0", "5", "9", "-", "+", " ", "x",
+                                             "\xC3\xA9", "\xF0\x9F\x98\x80", "\t", "\\", "'", "\""};
+  for (int i = 0; i < 300; ++i) {
+    std::string t = rng() % 2 ? "tn1:" : "";
+    const auto len = rng() % 40;
+    for (unsigned j = 0; j < len; ++j) t += alphabet[rng() % alphabet.size()];
+    inputs.emplace_back(t);
+  }
+  for (const auto& input : inputs) {
+    for (const auto& fn : {"complete_job($1)", "fail_job($1, 'x')", "heartbeat($1)"}) {
+      auto r = db_.query("SELECT * FROM " + s(fn), {input});
+      if (r.ok) {
+        // Only a well-formed token may get past parsing; for an unknown attempt that is a
+        // stale answer (heartbeat false), never success.
+        ASSERT_EQ(std::string{fn}, "heartbeat($1)") << input.value_or("NULL");
+        EXPECT_EQ(r.at(0, 0), "f");
+        continue;
+      }
+      EXPECT_TRUE(r.sqlstate == "TN002" || r.sqlstate == "TN001")
+          << fn << " with " << input.value_or("NULL").substr(0, 60) << " -> " << r.sqlstate << " " << r.error;
+      if (r.sqlstate == "TN001") {
+        // A well-formed token naming no live attempt.
+        EXPECT_TRUE(input && input->starts_with("tn1:")) << *input;
+      }
+    }
+  }
+  for (const auto& t : {"", "tn1:0:1", "tn9:1:1", "tn1:9223372036854775808:1"}) {
+    EXPECT_EQ(db_.query("SELECT * FROM " + s("complete_job") + "($1)", {std::string{t}}).sqlstate, "TN002") << t;
+  }
+}
+
+TEST_F(sql_contract, fail_job_retries_with_backoff_then_fails_when_attempts_are_spent) {
+  const auto id = enqueue("k", ", '{}', 'default', 2, NULL, 2");
+  auto c = claim(1);
+  EXPECT_EQ(db_.scalar("SELECT " + s("fail_job") + "($1, 'first')", {c[0].token}), "retryable");
+  EXPECT_EQ(state_of(id), "retryable");
+  // Backoff for the first failure lies in [0.5 s, 1 s] (equal jitter of 1 s).
+  const auto wait = std::stod(db_.scalar("SELECT extract(epoch from run_at - now()) FROM " + s("jobs") +
+                                         " WHERE id = $1", {id}));
+  EXPECT_GT(wait, 0.3);
+  EXPECT_LE(wait, 1.0);
+  EXPECT_TRUE(claim(1).empty()) << "a retryable job waits for its backoff";
+  db_.exec("UPDATE " + s("deferred") + " SET run_at = now() - interval '1 second'");
+  auto c2 = claim(1);
+  ASSERT_EQ(c2.size(), 1u);
+  EXPECT_EQ(db_.scalar("SELECT " + s("fail_job") + "($1, 'second')", {c2[0].token}), "failed");
+  EXPECT_EQ(state_of(id), "failed");
+  EXPECT_EQ(db_.scalar("SELECT last_error FROM " + s("jobs") + " WHERE id = $1", {id}), "second");
+
+  const auto permanent = enqueue("k");
+  auto c3 = claim(1);
+  EXPECT_EQ(db_.scalar("SELECT " + s("fail_job") + "($1, 'no retry', false)", {c3[0].token}), "failed");
+  EXPECT_EQ(state_of(permanent), "failed");
+}
+
+TEST_F(sql_contract, rescue_makes_attempts_available_at_once_or_failed_when_spent) {
+  const auto again = enqueue("a");
+  const auto spent = enqueue("b", ", '{}', 'default', 2, NULL, 1");
+  claim(2);
+  EXPECT_EQ(db_.scalar("SELECT " + s("rescue_stale") + "('0 seconds')"), "2");
+  EXPECT_EQ(state_of(again), "available");
+  EXPECT_EQ(db_.scalar("SELECT attempt FROM " + s("jobs") + " WHERE id = $1", {again}), "1");
+  EXPECT_EQ(state_of(spent), "failed");
+  EXPECT_EQ(db_.scalar("SELECT " + s("rescue_stale") + "()"), "0");
+}
+
+TEST_F(sql_contract, rescue_respects_heartbeats) {
+  enqueue("a");
+  auto c = claim(1);
+  db_.exec("UPDATE " + s("receipts") + " SET claimed_at = now() - interval '1 hour'");
+  EXPECT_EQ(db_.scalar("SELECT " + s("heartbeat") + "($1)", {c[0].token}), "t");
+  EXPECT_EQ(db_.scalar("SELECT " + s("rescue_stale") + "('30 seconds')"), "0") << "fresh heartbeat";
+  db_.exec("UPDATE " + s("attempt_state") + " SET heartbeat_at = now() - interval '31 seconds'");
+  EXPECT_EQ(db_.scalar("SELECT " + s("rescue_stale") + "('30 seconds')"), "1");
+}
+
+TEST_F(sql_contract, retry_job_makes_a_finished_job_runnable_and_the_lease_keeps_counting) {
+  const auto id = enqueue("k");
+  auto c = claim(1);
+  db_.exec("SELECT * FROM " + s("complete_job") + "($1)", {c[0].token});
+  EXPECT_EQ(db_.scalar("SELECT " + s("retry_job") + "($1)", {id}), "t");
+  EXPECT_EQ(state_of(id), "available");
+  EXPECT_EQ(db_.scalar("SELECT " + s("retry_job") + "($1)", {id}), "f") << "not finished";
+  auto c2 = claim(1);
+  ASSERT_EQ(c2.size(), 1u);
+  EXPECT_EQ(c2[0].run_lease, "2");
+  EXPECT_EQ(c2[0].attempt, "1") << "admin retry resets the attempt budget";
+  EXPECT_EQ(db_.query("SELECT * FROM " + s("complete_job") + "($1)", {c[0].token}).sqlstate, "TN001");
+  EXPECT_EQ(db_.query("SELECT " + s("retry_job") + "(987654321)").sqlstate, "TN003");
+  EXPECT_EQ(db_.query("SELECT " + s("cancel_job") + "(987654321)").sqlstate, "TN003");
+}
+
+TEST_F(sql_contract, jobs_view_shows_every_state) {
+  const auto available = enqueue("available");
+  const auto scheduled = enqueue("scheduled", ", '{}', 'other', 2, now() + interval '1 hour'");
+  const auto completed = enqueue("completed", ", '{}', 'q1'");
+  const auto failed = enqueue("failed", ", '{}', 'q2'");
+  const auto running = enqueue("running", ", '{}', 'q3'");
+  const auto retryable = enqueue("retryable", ", '{}', 'q4'");
+  const auto cancelled = enqueue("cancelled", ", '{}', 'q5'");
+  db_.exec("SELECT * FROM " + s("complete_job") + "($1)", {claim(1, "q1")[0].token});
+  db_.exec("SELECT " + s("fail_job") + "($1, 'x', false)", {claim(1, "q2")[0].token});
+  claim(1, "q3");
+  db_.exec("SELECT " + s("fail_job") + "($1, 'x')", {claim(1, "q4")[0].token});
+  db_.exec("SELECT " + s("cancel_job") + "($1)", {cancelled});
+  EXPECT_EQ(state_of(available), "available");
+  EXPECT_EQ(state_of(scheduled), "scheduled");
+  EXPECT_EQ(state_of(completed), "completed");
+  EXPECT_EQ(state_of(failed), "failed");
+  EXPECT_EQ(state_of(running), "running");
+  EXPECT_EQ(state_of(retryable), "retryable");
+  EXPECT_EQ(state_of(cancelled), "cancelled");
+  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("jobs")), "7");
+  auto cols = db_.exec("SELECT id, queue, kind, args, state, priority, attempt, max_attempts, run_lease, run_at, "
+                       "created_at, finalized_at, last_error FROM " + s("jobs") + " WHERE id = $1", {completed});
+  ASSERT_EQ(cols.rows.size(), 1u);
+  EXPECT_TRUE(cols.rows[0][11].has_value()) << "finalized_at set for a completed job";
+}
+
+// Completion and rescue of the same attempts race for real; a business row written in the same
+// transaction as complete_job exists if and only if that attempt ended completed. Each round
+// claims a batch, then a finisher (business insert + complete_job + COMMIT per job) and a rescuer
+// start together, so every round has attempts decided by the race itself.
+TEST_F(sql_contract, complete_and_rescue_race_and_exactly_one_wins_per_attempt) {
+  const int rounds = 20, per_round = 25;
+  db_.exec("CREATE TABLE " + s("business") + " (job_id bigint, run_lease bigint)");
+  pg finisher_db{schema_.dsn()}, rescuer_db{schema_.dsn()};
+  int completed = 0, stale = 0;
+  for (int round = 0; round < rounds; ++round) {
+    db_.exec("SELECT " + s("enqueue_batch") +
+             "(array_fill('k'::text, ARRAY[$1::int]), array_fill('{}'::jsonb, ARRAY[$1::int]), "
+             "array_fill('default'::text, ARRAY[$1::int]), array_fill(2, ARRAY[$1::int]))",
+             {std::to_string(per_round)});
+    auto jobs = claim(per_round);
+    ASSERT_EQ(jobs.size(), static_cast<std::size_t>(per_round));
+    std::atomic<int> ready{0}, finished{0};
+    std::thread finisher([&] {
+      ++ready;
+      while (ready < 2) std::this_thread::yield();
+      for (const auto& j : jobs) {
+        finisher_db.exec("BEGIN");
+        finisher_db.exec("INSERT INTO " + s("business") + " VALUES ($1, $2)", {j.job_id, j.run_lease});
+        auto r = finisher_db.query("SELECT * FROM " + s("complete_job") + "($1)", {j.token});
+        if (r.ok) {
+          finisher_db.exec("COMMIT");
+          ++completed;
+        } else {
+          EXPECT_EQ(r.sqlstate, "TN001") << r.error;
+          finisher_db.query("COMMIT");  // the server aborted the transaction: this rolls back
+          ++stale;
+        }
+        ++finished;
+      }
+    });
+    ++ready;
+    while (ready < 2) std::this_thread::yield();
+    // Let the finisher get a round-dependent head start, then rescue everything still open while
+    // it keeps going: the attempts around that point are decided by the race.
+    while (finished < round) std::this_thread::yield();
+    rescuer_db.exec("SELECT " + s("rescue_stale") + "('0 seconds')");
+    finisher.join();
+    // Whatever the rescue made available again is drained so the next round starts clean.
+    db_.exec("SELECT " + s("cancel_job") + "(id) FROM " + s("ready"));
+  }
+  EXPECT_EQ(completed + stale, rounds * per_round);
+  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("business") + " b LEFT JOIN " + s("done") +
+                       " d ON d.id = b.job_id AND d.run_lease = b.run_lease AND d.state = 'completed' "
+                       "WHERE d.id IS NULL"),
+            "0")
+      << "a business row committed without its attempt's completion";
+  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("done") + " d WHERE d.state = 'completed' AND NOT EXISTS "
+                       "(SELECT 1 FROM " + s("business") + " b WHERE b.job_id = d.id AND b.run_lease = d.run_lease)"),
+            "0");
+  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("business")), std::to_string(completed));
+  EXPECT_GT(completed, 0);
+  EXPECT_GT(stale, 0);
+  std::cout << "race: " << completed << " completed first, " << stale << " rescued first\n";
+}
+
+TEST_F(sql_contract, concurrent_claimers_never_share_a_job) {
+  const int n = 2000;
+  db_.exec("SELECT " + s("enqueue_batch") +
+           "(array_fill('k'::text, ARRAY[$1::int]), array_fill('{}'::jsonb, ARRAY[$1::int]), "
+           "array_fill('default'::text, ARRAY[$1::int]), array_fill(2, ARRAY[$1::int]))",
+           {std::to_string(n)});
+  std::mutex mu;
+  std::multiset<std::string> seen;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      pg c{schema_.dsn()};
+      for (;;) {
+        auto r = c.exec("SELECT job_id FROM " + s("claim") + "('default', 13)");
+        if (r.rows.empty()) break;
+        std::lock_guard lock(mu);
+        for (auto& row : r.rows) seen.insert(*row[0]);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(seen.size(), static_cast<std::size_t>(n));
+  EXPECT_EQ(std::set<std::string>(seen.begin(), seen.end()).size(), static_cast<std::size_t>(n));
+}
+
+TEST_F(sql_contract, cancel_of_a_running_job_is_announced_on_the_cancel_channel) {
+  const auto id = enqueue("k");
+  auto c = claim(1);
+  pg listener{schema_.dsn()};
+  listener.exec("LISTEN " + schema_.name() + "_cancel");
+  db_.exec("SELECT " + s("cancel_job") + "($1)", {id});
+  PQconsumeInput(listener.native());
+  listener.query("SELECT 1");  // a round trip delivers pending notifications
+  PGnotify* n = PQnotifies(listener.native());
+  ASSERT_NE(n, nullptr);
+  EXPECT_EQ(std::string{n->extra}, id + ":1");
+  PQfreemem(n);
+}
+
+}  // namespace
