@@ -18,7 +18,8 @@ std::string test_dsn() {
   return dsn;
 }
 
-std::string dsn_with_user(const std::string& dsn, const std::string& user) {
+namespace {
+std::string rebuild(const std::string& dsn, const std::string* user) {
   char* err = nullptr;
   PQconninfoOption* opts = PQconninfoParse(dsn.c_str(), &err);
   if (opts == nullptr) {
@@ -27,6 +28,8 @@ std::string dsn_with_user(const std::string& dsn, const std::string& user) {
     throw std::runtime_error(msg);
   }
   auto quote = [](const std::string& v) {
+    // Plain values stay unquoted: SOCI's own connect-string parser does not take quotes.
+    if (!v.empty() && v.find_first_of(" '\\=") == std::string::npos) return v;
     std::string q = "'";
     for (char c : v) {
       if (c == '\'' || c == '\\') q += '\\';
@@ -36,12 +39,16 @@ std::string dsn_with_user(const std::string& dsn, const std::string& user) {
   };
   std::string out;
   for (auto* o = opts; o->keyword != nullptr; ++o) {
-    if (o->val == nullptr || std::string{o->keyword} == "user") continue;
+    if (o->val == nullptr || (user && std::string{o->keyword} == "user")) continue;
     out += std::string{o->keyword} + "=" + quote(o->val) + " ";
   }
   PQconninfoFree(opts);
-  return out + "user=" + quote(user);
+  return user ? out + "user=" + quote(*user) : out;
 }
+}  // namespace
+
+std::string dsn_with_user(const std::string& dsn, const std::string& user) { return rebuild(dsn, &user); }
+std::string keyword_dsn(const std::string& dsn) { return rebuild(dsn, nullptr); }
 
 std::string random_suffix() {
   static thread_local std::mt19937_64 rng{std::random_device{}()};

@@ -15,6 +15,8 @@ namespace tenure::test {
 std::string test_dsn();
 /// The same DSN, logging in as another role (libpq keyword form).
 std::string dsn_with_user(const std::string& dsn, const std::string& user);
+/// The same DSN in libpq keyword form ("host=... port=..."); SOCI's backend needs that form.
+std::string keyword_dsn(const std::string& dsn);
 /// A short random lowercase hex string for unique names.
 std::string random_suffix();
 

@@ -1,0 +1,107 @@
+#include "tenure/soci.hpp"
+
+#include <soci/postgresql/soci-postgresql.h>
+
+#include <spdlog/spdlog.h>
+
+#include "connection.hpp"  // adapters/postgres: text forms and SQLSTATE mapping
+#include "tenure/postgres/schema.hpp"
+
+namespace tenure {
+namespace {
+
+using postgres::detail::errc_from_sqlstate;
+
+/// Runs `fn`, turning SOCI exceptions into tenure error codes.
+template <class Fn>
+auto guarded(soci::session& session, const char* what, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const soci::postgresql_soci_error& e) {
+    const auto code = errc_from_sqlstate(e.sqlstate());
+    if (code == errc::database_error) spdlog::error("tenure.soci: {} failed: {}", what, e.what());
+    return code;
+  } catch (const soci::soci_error& e) {
+    // SOCI's PostgreSQL backend exports no typeinfo, so check the name and cast statically.
+    if (session.get_backend() == nullptr || session.get_backend_name() != "postgresql") {
+      spdlog::error("tenure.soci: {} needs a PostgreSQL session: {}", what, e.what());
+      return errc::invalid_argument;
+    }
+    auto* be = static_cast<soci::postgresql_session_backend*>(session.get_backend());
+    if (be->conn_ == nullptr || PQstatus(be->conn_) != CONNECTION_OK) return errc::database_unavailable;
+    spdlog::error("tenure.soci: {} failed: {}", what, e.what());
+    return errc::database_error;
+  } catch (const std::exception& e) {
+    spdlog::error("tenure.soci: {} failed: {}", what, e.what());
+    return errc::database_error;
+  }
+}
+
+std::string args_text(const new_job& job) { return job.args.is_null() ? "{}" : job.args.dump(); }
+
+}  // namespace
+
+result<std::int64_t> enqueue(soci::session& session, const new_job& job, const sql_options& options) {
+  TENURE_TRYV(validate(job));
+  if (!postgres::valid_schema_name(options.schema)) return errc::invalid_argument;
+  return guarded(session, "enqueue", [&]() -> result<std::int64_t> {
+    long long id = 0;
+    std::string kind = job.kind, args = args_text(job), queue = job.queue;
+    std::string run_at = job.run_at ? postgres::detail::timestamp_text(*job.run_at) : std::string{};
+    soci::indicator run_at_ind = job.run_at ? soci::i_ok : soci::i_null;
+    int priority = job.priority, max_attempts = job.max_attempts;
+    session << "SELECT " + options.schema +
+                   ".enqueue(:kind, CAST(:args AS jsonb), :queue, :priority, CAST(:run_at AS timestamptz), "
+                   ":max_attempts)",
+        soci::use(kind), soci::use(args), soci::use(queue), soci::use(priority), soci::use(run_at, run_at_ind),
+        soci::use(max_attempts), soci::into(id);
+    return static_cast<std::int64_t>(id);
+  });
+}
+
+result<std::vector<std::int64_t>> enqueue_batch(soci::session& session, std::span<const new_job> jobs,
+                                                const sql_options& options) {
+  if (jobs.empty()) return std::vector<std::int64_t>{};
+  if (!postgres::valid_schema_name(options.schema)) return errc::invalid_argument;
+  std::vector<std::optional<std::string>> kinds, args, queues, run_ats;
+  std::vector<std::int64_t> priorities, max_attempts;
+  for (const auto& j : jobs) {
+    TENURE_TRYV(validate(j));
+    kinds.emplace_back(j.kind);
+    args.emplace_back(args_text(j));
+    queues.emplace_back(j.queue);
+    run_ats.push_back(j.run_at ? std::optional{postgres::detail::timestamp_text(*j.run_at)} : std::nullopt);
+    priorities.push_back(j.priority);
+    max_attempts.push_back(j.max_attempts);
+  }
+  return guarded(session, "enqueue_batch", [&]() -> result<std::vector<std::int64_t>> {
+    using postgres::detail::int_array;
+    using postgres::detail::text_array;
+    std::string k = text_array(kinds), a = text_array(args), q = text_array(queues), r = text_array(run_ats),
+                p = int_array(priorities), m = int_array(max_attempts);
+    // One statement for the whole batch; the id column comes back as one array in input order.
+    std::string ids_text;
+    session << "SELECT array_agg(job_id ORDER BY ord)::text FROM " + options.schema +
+                   ".enqueue_batch(CAST(:k AS text[]), CAST(:a AS jsonb[]), CAST(:q AS text[]), "
+                   "CAST(:p AS int[]), CAST(:r AS timestamptz[]), CAST(:m AS int[]))",
+        soci::use(k), soci::use(a), soci::use(q), soci::use(p), soci::use(r), soci::use(m), soci::into(ids_text);
+    std::vector<std::int64_t> ids;
+    ids.reserve(jobs.size());
+    std::int64_t cur = 0;
+    bool in_number = false;
+    for (char c : ids_text) {
+      if (c >= '0' && c <= '9') {
+        cur = cur * 10 + (c - '0');
+        in_number = true;
+      } else if (in_number) {
+        ids.push_back(cur);
+        cur = 0;
+        in_number = false;
+      }
+    }
+    if (ids.size() != jobs.size()) return errc::protocol_error;
+    return ids;
+  });
+}
+
+}  // namespace tenure

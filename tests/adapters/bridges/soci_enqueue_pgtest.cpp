@@ -1,0 +1,104 @@
+// Transactional enqueue from C++ through the caller's own SOCI session and transaction.
+#include <gtest/gtest.h>
+
+#include <soci/postgresql/soci-postgresql.h>
+
+#include "support/pg.hpp"
+#include "tenure/soci.hpp"
+
+using tenure::test::pg;
+using tenure::test::scoped_schema;
+
+namespace {
+
+class soci_enqueue : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    session_.open(soci::postgresql, tenure::test::keyword_dsn(schema_.dsn()));
+    session_ << "CREATE TABLE " + schema_.name() + ".orders (id serial PRIMARY KEY, note text)";
+  }
+  long count(const std::string& sql) { return std::stol(check_.scalar(sql)); }
+
+  scoped_schema schema_{"soci"};
+  soci::session session_;
+  pg check_{schema_.dsn()};
+  tenure::sql_options opts_{.schema = schema_.name()};
+};
+
+TEST_F(soci_enqueue, commit_makes_the_business_row_and_the_job_exist_together) {
+  soci::transaction tx(session_);
+  session_ << "INSERT INTO " + schema_.name() + ".orders (note) VALUES ('paid')";
+  auto id = tenure::enqueue(session_, {.kind = "charge", .args = {{"order", 1}}}, opts_);
+  ASSERT_TRUE(id) << id.error().message();
+  EXPECT_EQ(count("SELECT count(*) FROM " + schema_.name() + ".jobs"), 0) << "invisible before commit";
+  tx.commit();
+  EXPECT_EQ(check_.scalar("SELECT kind || ' ' || state || ' ' || (args->>'order') FROM " + schema_.name() +
+                          ".jobs WHERE id = $1", {std::to_string(id.value())}),
+            "charge available 1");
+  EXPECT_EQ(count("SELECT count(*) FROM " + schema_.name() + ".orders"), 1);
+}
+
+TEST_F(soci_enqueue, rollback_leaves_neither_the_business_row_nor_the_job) {
+  {
+    soci::transaction tx(session_);
+    session_ << "INSERT INTO " + schema_.name() + ".orders (note) VALUES ('abandoned')";
+    ASSERT_TRUE(tenure::enqueue(session_, {.kind = "charge"}, opts_));
+    tx.rollback();
+  }
+  EXPECT_EQ(count("SELECT count(*) FROM " + schema_.name() + ".jobs"), 0);
+  EXPECT_EQ(count("SELECT count(*) FROM " + schema_.name() + ".orders"), 0);
+}
+
+TEST_F(soci_enqueue, invalid_job_is_rejected_before_anything_is_sent) {
+  soci::transaction tx(session_);
+  auto r = tenure::enqueue(session_, {.kind = "k", .priority = 9}, opts_);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), tenure::errc::invalid_argument);
+  // The caller's transaction is still usable: nothing was sent.
+  session_ << "INSERT INTO " + schema_.name() + ".orders (note) VALUES ('still fine')";
+  tx.commit();
+  EXPECT_EQ(count("SELECT count(*) FROM " + schema_.name() + ".orders"), 1);
+}
+
+TEST_F(soci_enqueue, batch_is_one_statement_with_ids_in_input_order) {
+  std::vector<tenure::new_job> jobs;
+  for (int i = 0; i < 2000; ++i) {
+    jobs.push_back({.kind = "k", .args = {{"i", i}, {"quote", "a\"b\\c'd"}}, .queue = i % 2 ? "odd" : "even"});
+  }
+  jobs[7].run_at = tenure::clock_type::now() + std::chrono::hours(1);
+  soci::transaction tx(session_);
+  session_ << "SET LOCAL track_functions = 'pl'";
+  auto ids = tenure::enqueue_batch(session_, jobs, opts_);
+  ASSERT_TRUE(ids) << ids.error().message();
+  ASSERT_EQ(ids.value().size(), jobs.size());
+  // Counted inside this transaction by the server: one call of enqueue_batch, none of enqueue.
+  long batch_calls = -1, single_calls = -1;
+  session_ << "SELECT coalesce(pg_stat_get_xact_function_calls('" + schema_.name() +
+                  ".enqueue_batch'::regproc), 0)",
+      soci::into(batch_calls);
+  session_ << "SELECT coalesce(pg_stat_get_xact_function_calls('" + schema_.name() +
+                  ".enqueue(text,jsonb,text,int,timestamptz,int)'::regprocedure), 0)",
+      soci::into(single_calls);
+  EXPECT_EQ(batch_calls, 1);
+  EXPECT_EQ(single_calls, 0);
+  tx.commit();
+  for (std::size_t i = 0; i < jobs.size(); i += 333) {
+    EXPECT_EQ(check_.scalar("SELECT (args->>'i') || queue || (args->>'quote') FROM " + schema_.name() +
+                            ".jobs WHERE id = $1", {std::to_string(ids.value()[i])}),
+              std::to_string(i) + (i % 2 ? "odd" : "even") + "a\"b\\c'd");
+  }
+  EXPECT_EQ(check_.scalar("SELECT state FROM " + schema_.name() + ".jobs WHERE id = $1",
+                          {std::to_string(ids.value()[7])}),
+            "scheduled");
+}
+
+TEST_F(soci_enqueue, batch_with_one_invalid_job_writes_nothing) {
+  std::vector<tenure::new_job> jobs(10, tenure::new_job{.kind = "k"});
+  jobs[5].kind.clear();
+  auto ids = tenure::enqueue_batch(session_, jobs, opts_);
+  ASSERT_FALSE(ids);
+  EXPECT_EQ(ids.error(), tenure::errc::invalid_argument);
+  EXPECT_EQ(count("SELECT count(*) FROM " + schema_.name() + ".jobs"), 0);
+}
+
+}  // namespace
