@@ -62,6 +62,14 @@ enum class attempt_evidence {
   unknown_job,         ///< no such job at all
 };
 
+/// Per-queue settings kept in the database (every worker of the queue sees the same).
+struct queue_settings {
+  bool dead_letter = false;                    ///< failed jobs go to the dead-letter table
+  std::optional<microseconds> hard_deadline;  ///< an attempt running longer is rescued
+  microseconds backoff_base = std::chrono::seconds{1};
+  microseconds backoff_cap = std::chrono::hours{1};
+};
+
 /// The port. See the file comment for the rules every method follows.
 class storage_port {
  public:
@@ -77,7 +85,9 @@ class storage_port {
   // ---- workers ----------------------------------------------------------------------------
   /// Claims up to `max_jobs` available jobs of `queue` (priority, then FIFO), advancing each
   /// one's run lease by one and its attempt count by one. Due scheduled/retryable jobs of the
-  /// queue are promoted first. Concurrent callers never receive the same job.
+  /// queue are promoted first. Concurrent callers never receive the same job. A non-empty
+  /// `worker` also registers the caller as idle after an empty claim (and unregisters it after a
+  /// non-empty one), so producers NOTIFY only while some worker waits.
   virtual result<std::vector<claimed_attempt>> claim(std::string_view queue, int max_jobs,
                                                      std::string_view worker) = 0;
   /// Records a heartbeat for every attempt in one statement; returns the attempts that were live
@@ -119,6 +129,8 @@ class storage_port {
   virtual result<std::int64_t> promote_due() = 0;
   /// Reads durable evidence about one attempt (never writes).
   virtual result<attempt_evidence> reconcile(attempt_id attempt) = 0;
+  /// Creates or replaces a queue's settings. errc::invalid_argument for a bad value.
+  virtual result<void> configure_queue(std::string_view queue, const queue_settings& settings) = 0;
 };
 
 }  // namespace tenure::sdk

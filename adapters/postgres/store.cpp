@@ -29,7 +29,7 @@ struct statements {
                           "$5::timestamptz[], $6::int[]) ORDER BY ord"},
         claim{"tenure_claim", "SELECT job_id, run_lease, kind, args::text, attempt, max_attempts, " +
                                   epoch_us("deadline_at") + " FROM " + s +
-                                  ".claim_attempts($1, $2::int, $3)"},
+                                  ".claim_attempts($1, $2::int, $3, $4::boolean)"},
         heartbeat{"tenure_heartbeat", "SELECT job_id, run_lease FROM " + s +
                                           ".heartbeat_batch($1::bigint[], $2::bigint[], $3::jsonb[])"},
         complete{"tenure_complete", "SELECT job_id, run_lease, " + epoch_us("completed_at") + " FROM " +
@@ -202,7 +202,9 @@ result<std::vector<claimed_attempt>> store::claim(std::string_view queue, int ma
   if (max_jobs < 1) return errc::invalid_argument;
   TENURE_TRY(auto rows, impl_->run(impl_->st.claim,
                                    {text(queue), number(max_jobs),
-                                    worker.empty() ? std::nullopt : text(worker)},
+                                    worker.empty() ? std::nullopt : text(worker),
+                                    // A named worker takes part in the NOTIFY-on-demand wake-up.
+                                    worker.empty() ? "false" : "true"},
                                    effect::write));
   std::vector<claimed_attempt> out;
   out.reserve(static_cast<std::size_t>(rows.size()));
@@ -363,7 +365,7 @@ result<sdk::attempt_evidence> store::reconcile(attempt_id attempt) {
   return errc::protocol_error;
 }
 
-result<void> store::configure_queue(std::string_view queue, const queue_settings& s) {
+result<void> store::configure_queue(std::string_view queue, const sdk::queue_settings& s) {
   TENURE_TRYV(impl_->run(impl_->st.configure_queue,
                         {text(queue), s.dead_letter ? "true" : "false",
                          s.hard_deadline ? param{detail::interval_text(*s.hard_deadline)} : std::nullopt,

@@ -349,15 +349,25 @@ BEGIN
          last_error, progress
     FROM moved;
   GET DIAGNOSTICS n = ROW_COUNT;
+  IF promote_due.queue IS NULL THEN
+    -- Maintenance pass: forget idle registrations nobody refreshed (their worker is gone).
+    DELETE FROM @schema@.waiters w WHERE w.since < now() - interval '5 minutes';
+  END IF;
   RETURN n;
 END $$;
 
 -- The claim with every column the runtime needs. `claim` below is the public projection.
-CREATE FUNCTION @schema@.claim_attempts(queue text, max_jobs int DEFAULT 1, worker text DEFAULT NULL)
+-- With register_idle, the calling worker's row in `waiters` follows the result: an empty claim
+-- registers it (refreshed at most once a minute), a non-empty one removes it, all in the same
+-- transaction, so the wake-up bookkeeping costs no extra round trip.
+CREATE FUNCTION @schema@.claim_attempts(queue text, max_jobs int DEFAULT 1, worker text DEFAULT NULL,
+                                        register_idle boolean DEFAULT false)
 RETURNS TABLE(job_id bigint, run_lease bigint, kind text, args jsonb, attempt int, max_attempts int,
               deadline_at timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
+DECLARE
+  n int;
 BEGIN
   IF claim_attempts.queue IS NULL THEN
     RAISE EXCEPTION 'tenure.claim: queue must not be NULL' USING ERRCODE = '22023';
@@ -388,13 +398,22 @@ BEGIN
   )
   SELECT o.job_id, o.run_lease, o.kind, o.args, o.attempt, o.max_attempts, o.deadline_at
     FROM opened o ORDER BY o.priority, o.job_id;
+  GET DIAGNOSTICS n = ROW_COUNT;
+  IF claim_attempts.register_idle AND claim_attempts.worker IS NOT NULL THEN
+    IF n = 0 THEN
+      INSERT INTO @schema@.waiters AS w (queue, worker) VALUES (claim_attempts.queue, claim_attempts.worker)
+      ON CONFLICT (queue, worker) DO UPDATE SET since = now() WHERE w.since < now() - interval '1 minute';
+    ELSE
+      DELETE FROM @schema@.waiters w WHERE w.queue = claim_attempts.queue AND w.worker = claim_attempts.worker;
+    END IF;
+  END IF;
 END $$;
 
 CREATE FUNCTION @schema@.claim(queue text, max_jobs int DEFAULT 1, worker text DEFAULT NULL)
 RETURNS TABLE(job_id bigint, run_lease bigint, kind text, args jsonb, attempt int, token text)
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
   SELECT c.job_id, c.run_lease, c.kind, c.args, c.attempt, @schema@.make_token(c.job_id, c.run_lease)
-    FROM @schema@.claim_attempts($1, $2, $3) c
+    FROM @schema@.claim_attempts($1, $2, $3, false) c
 $$;
 
 -- Heartbeats (and optional progress) for many attempts in one statement. Returns the live ones;

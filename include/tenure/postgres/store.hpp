@@ -49,14 +49,7 @@ class store final : public sdk::storage_port {
   result<std::int64_t> promote_due() override;
   result<sdk::attempt_evidence> reconcile(attempt_id attempt) override;
 
-  /// Per-queue settings (creates or replaces the queue's row in `<schema>.queues`).
-  struct queue_settings {
-    bool dead_letter = false;
-    std::optional<sdk::microseconds> hard_deadline;
-    sdk::microseconds backoff_base = std::chrono::seconds{1};
-    sdk::microseconds backoff_cap = std::chrono::hours{1};
-  };
-  result<void> configure_queue(std::string_view queue, const queue_settings& settings);
+  result<void> configure_queue(std::string_view queue, const sdk::queue_settings& settings) override;
 
   const store_options& options() const noexcept;
 

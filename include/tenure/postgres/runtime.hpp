@@ -1,0 +1,28 @@
+#pragma once
+/// \file
+/// A worker runtime over PostgreSQL: the store (pooled connections) plus a LISTEN/NOTIFY
+/// signal session that also holds the maintenance leadership lock.
+#include <memory>
+#include <string>
+
+#include "tenure/postgres/store.hpp"
+#include "tenure/runtime.hpp"
+
+namespace tenure::postgres {
+
+struct runtime_options {
+  std::string dsn;
+  std::string schema = "tenure";
+  int pool_size = 4;  ///< store connections (claims, flushes, heartbeats, maintenance run at once)
+  runtime_config runtime;
+};
+
+/// Opens the store (checking the schema version), creates the signal session and the runtime.
+/// Call handle() then start() on the result.
+result<std::unique_ptr<runtime>> make_runtime(runtime_options options, std::string* detail = nullptr);
+
+/// The signal port over one libpq session: LISTEN <schema>_wake and <schema>_cancel, and the
+/// maintenance leadership as a session advisory lock.
+std::shared_ptr<sdk::signal_port> make_signal_port(std::string dsn, std::string schema);
+
+}  // namespace tenure::postgres

@@ -1,0 +1,216 @@
+#pragma once
+/// \file
+/// The worker runtime: claims jobs, runs handlers, heartbeats, flushes completions in batches,
+/// rescues stale attempts (when it is the maintenance leader), honours cancellation, drains on
+/// shutdown. Built on Boost.Asio: one control thread owns all runtime state; blocking database
+/// calls run on a small pool; handlers run on their own pool.
+///
+/// Construct it over ports (any storage adapter), or use tenure::postgres::make_runtime().
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tenure/job.hpp"
+#include "tenure/result.hpp"
+#include "tenure/token.hpp"
+
+namespace tenure {
+
+namespace sdk {
+class storage_port;
+class signal_port;
+}  // namespace sdk
+
+using std::chrono::milliseconds;
+
+/// One queue this runtime works on.
+struct queue_options {
+  std::string name = "default";
+  int max_concurrency = 16;  ///< capacity permits: attempts of this queue in flight at once
+};
+
+/// Runtime settings. Durations are validated by runtime::create().
+struct runtime_config {
+  std::vector<queue_options> queues{queue_options{}};
+  milliseconds heartbeat_interval{5'000};
+  /// An attempt without heartbeat for this long is rescued. Default 3 x heartbeat_interval;
+  /// less than 2 x heartbeat_interval is refused.
+  std::optional<milliseconds> staleness;
+  int claim_batch = 128;        ///< most jobs one claim statement takes
+  int completion_batch = 512;   ///< most completions one flush statement carries
+  milliseconds flush_delay{2};  ///< a partial batch waits at most this long
+  milliseconds poll_interval{1'000};  ///< fallback when no NOTIFY arrives (and the only path if LISTEN fails)
+  milliseconds shutdown_timeout{30'000};
+  milliseconds maintenance_interval{1'000};
+  /// Run promotion and rescue when this process holds the maintenance lock (or always, when
+  /// the storage has no signal port).
+  bool maintenance = true;
+  std::string worker_id;  ///< default "<hostname>:<pid>"
+  int handler_threads = 0;  ///< default: the sum of max_concurrency
+  /// Serve Prometheus text at http://metrics_address:metrics_port/metrics when set.
+  std::optional<std::uint16_t> metrics_port;
+  std::string metrics_address = "127.0.0.1";
+};
+
+/// What a handler decided. Build with the static functions.
+class job_outcome {
+ public:
+  enum class kind { completed, retry, snooze, fail, cancel };
+
+  /// Done. `progress` (JSON), when given, is stored as the job's final progress.
+  static job_outcome completed(std::optional<nlohmann::json> progress = std::nullopt);
+  /// Failed this attempt; retried with the queue's backoff while attempts remain, else failed.
+  static job_outcome retry(std::string error);
+  /// Failed this attempt; retried after `delay` while attempts remain, else failed.
+  static job_outcome retry_after(milliseconds delay, std::string error);
+  /// Not now: run again after `delay` without consuming an attempt.
+  static job_outcome snooze(milliseconds delay);
+  /// Failed for good, whatever attempts remain.
+  static job_outcome fail(std::string error);
+  /// Cancel the job.
+  static job_outcome cancel(std::string reason);
+
+  enum kind what() const noexcept { return kind_; }
+  const std::string& message() const noexcept { return message_; }
+  std::optional<milliseconds> delay() const noexcept { return delay_; }
+  const std::optional<nlohmann::json>& progress() const noexcept { return progress_; }
+
+ private:
+  enum kind kind_ = kind::completed;
+  std::string message_;
+  std::optional<milliseconds> delay_;
+  std::optional<nlohmann::json> progress_;
+};
+
+namespace detail {
+struct attempt_entry;
+}
+
+/// What a handler sees of its attempt. Valid for the duration of the handler call only.
+/// Thread-safe: `is_cancelled` and `set_progress` may be called from any thread.
+class job_context {
+ public:
+  explicit job_context(std::shared_ptr<detail::attempt_entry> entry);
+  std::int64_t job_id() const noexcept;
+  std::int64_t run_lease() const noexcept;
+  int attempt() const noexcept;  ///< executions so far, this one included
+  int max_attempts() const noexcept;
+  const std::string& kind() const noexcept;
+  const std::string& queue() const noexcept;
+  /// The job's args (parsed once).
+  const nlohmann::json& args() const;
+  finalization_token token() const noexcept;
+  /// True once the attempt was cancelled by an admin, rescued, found stale by a heartbeat, or the
+  /// runtime is shutting down past its timeout. A handler should stop soon after.
+  bool is_cancelled() const noexcept;
+  /// Sleeps up to `d`, returning early (true) when the attempt is cancelled.
+  bool wait_cancelled(milliseconds d) const;
+  /// Buffers progress locally; the next heartbeat flushes it, guarded by (job_id, run_lease).
+  void set_progress(int percent, std::string message = {}, nlohmann::json metadata = nullptr);
+
+ private:
+  std::shared_ptr<detail::attempt_entry> entry_;
+};
+
+/// Lifecycle events, reported after the transition was durably applied (never for stale results).
+enum class lifecycle_event { started, completed, retried, failed, cancelled, snoozed, rescued };
+std::string_view to_string(lifecycle_event e) noexcept;
+
+struct job_event {
+  lifecycle_event event;
+  attempt_id attempt;
+  std::string queue;
+  std::string kind;
+  std::string message;  ///< error text, reason, or empty
+};
+
+/// Counters and gauges. Monotonic counters never go down while the runtime lives.
+struct runtime_metrics {
+  std::uint64_t claimed = 0;
+  std::uint64_t completed = 0;
+  std::uint64_t stale_rejected = 0;  ///< outcomes discarded because the attempt was no longer live
+  std::uint64_t retried = 0;
+  std::uint64_t failed = 0;
+  std::uint64_t cancelled = 0;
+  std::uint64_t snoozed = 0;
+  std::uint64_t rescued = 0;      ///< attempts this process rescued as maintenance leader
+  std::uint64_t claims = 0;       ///< claim statements
+  std::uint64_t flushes = 0;      ///< completion flush statements answered
+  std::uint64_t flushed_items = 0;
+  std::uint64_t flush_failures = 0;
+  std::uint64_t flush_max_size = 0;
+  std::uint64_t flush_latency_us_total = 0;
+  std::uint64_t heartbeats = 0;   ///< heartbeat statements
+  std::uint64_t database_errors = 0;
+  std::int64_t in_flight = 0;     ///< attempts held (running or waiting for their flush)
+  bool leader = false;
+};
+
+class runtime {
+ public:
+  using handler = std::function<job_outcome(job_context&)>;
+  using event_hook = std::function<void(const job_event&)>;
+
+  /// Validates the config. errc::invalid_argument with `detail` for a bad one.
+  static result<std::unique_ptr<runtime>> create(runtime_config config,
+                                                 std::shared_ptr<sdk::storage_port> store,
+                                                 std::shared_ptr<sdk::signal_port> signals = nullptr,
+                                                 std::string* detail = nullptr);
+  ~runtime();  ///< stop()s
+  runtime(const runtime&) = delete;
+  runtime& operator=(const runtime&) = delete;
+
+  /// Registers the handler for a job kind. Call before start().
+  void handle(std::string kind, handler fn);
+  /// Registers a handler with typed args (nlohmann::json from_json). Args that do not convert
+  /// fail the job permanently: they can never succeed.
+  template <class Args, class Fn>
+  void handle(std::string kind, Fn fn) {
+    handle(std::move(kind), handler{[fn = std::move(fn)](job_context& ctx) -> job_outcome {
+             Args args;
+             try {
+               args = ctx.args().get<Args>();
+             } catch (const std::exception& e) {
+               return job_outcome::fail(std::string{"bad args: "} + e.what());
+             }
+             return fn(args, ctx);
+           }});
+  }
+  /// Called after each durably applied transition, on the control thread: keep it short.
+  void on_event(event_hook hook);
+
+  /// Starts claiming. errc::invalid_argument when no handler is registered.
+  result<void> start();
+  /// Graceful shutdown (idempotent, noexcept): stop claiming, let handlers finish within
+  /// shutdown_timeout while heartbeats continue, flush every pending completion, then return.
+  void stop() noexcept;
+
+  runtime_metrics metrics() const;
+  /// The metrics in Prometheus text exposition format.
+  std::string prometheus_text() const;
+  /// The bound metrics port (when metrics_port was 0, the one the OS picked).
+  std::optional<std::uint16_t> metrics_port() const;
+  const runtime_config& config() const noexcept;
+
+  // ---- drivable loops (tests, tools): run one step now on the control thread and wait -----
+  void heartbeat_now();
+  void flush_now();
+  void maintenance_now();
+  /// Blocks until nothing is in flight and no completion is pending, or `timeout` passes.
+  bool wait_idle(milliseconds timeout);
+
+  struct impl;
+
+ private:
+  explicit runtime(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace tenure

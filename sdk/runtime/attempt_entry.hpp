@@ -1,0 +1,67 @@
+#pragma once
+/// \file
+/// One attempt held by this process, keyed by (job_id, run_lease). Private to the runtime.
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tenure/job.hpp"
+
+namespace tenure::detail {
+
+struct attempt_entry {
+  explicit attempt_entry(claimed_attempt c) : claim(std::move(c)) {}
+
+  const claimed_attempt claim;
+
+  /// Sets the cancel flag and wakes wait_cancelled(). Any thread.
+  void cancel() noexcept {
+    {
+      std::lock_guard lock(mu);
+      cancelled.store(true, std::memory_order_release);
+    }
+    cv.notify_all();
+  }
+  bool is_cancelled() const noexcept { return cancelled.load(std::memory_order_acquire); }
+
+  /// Progress the handler buffered since the last heartbeat took it (JSON text).
+  void put_progress(std::string json) {
+    std::lock_guard lock(mu);
+    progress = std::move(json);
+  }
+  std::optional<std::string> take_progress() {
+    std::lock_guard lock(mu);
+    return std::exchange(progress, std::nullopt);
+  }
+  /// Puts back progress a failed heartbeat took, unless the handler wrote newer progress.
+  void restore_progress(std::string json) {
+    std::lock_guard lock(mu);
+    if (!progress) progress = std::move(json);
+  }
+
+  const nlohmann::json& args() const {
+    std::call_once(args_once, [this] {
+      args_json = nlohmann::json::parse(claim.args, nullptr, /*allow_exceptions=*/false);
+      if (args_json.is_discarded()) args_json = nlohmann::json::object();
+    });
+    return args_json;
+  }
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::atomic<bool> cancelled{false};
+  std::optional<std::string> progress;
+
+  // Control-thread state.
+  bool in_doubt = false;  ///< a flush carrying this completion had an unknown outcome
+
+ private:
+  mutable std::once_flag args_once;
+  mutable nlohmann::json args_json;
+};
+
+}  // namespace tenure::detail

@@ -1,0 +1,36 @@
+#pragma once
+/// \file
+/// A tiny HTTP server (Boost.Beast, one thread) answering GET /metrics with Prometheus text and
+/// GET /healthz with "ok". Private to the runtime.
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "tenure/result.hpp"
+
+namespace tenure::detail {
+
+class metrics_server {
+ public:
+  using render_fn = std::function<std::string()>;
+  /// Binds and starts serving. Port 0 lets the OS choose (see port()).
+  static result<std::unique_ptr<metrics_server>> start(const std::string& address, std::uint16_t port,
+                                                       render_fn render);
+  ~metrics_server();
+  std::uint16_t port() const noexcept { return port_; }
+  /// Idempotent.
+  void stop() noexcept;
+
+  struct state;
+
+ private:
+  metrics_server() = default;
+  std::shared_ptr<state> state_;
+  std::thread thread_;
+  std::uint16_t port_ = 0;
+};
+
+}  // namespace tenure::detail

@@ -1,0 +1,1018 @@
+// The worker runtime. Threading model:
+//  - ctl_: one io_context on one thread owns every piece of mutable runtime state (queues,
+//    the in-flight table, the completion batcher, timers). Nothing else touches it.
+//  - db_: a thread pool for blocking storage calls; each call posts its answer back to ctl_.
+//  - workers_: a thread pool running handlers; each outcome is posted back to ctl_.
+//  - signal thread: waits on the signal port (LISTEN/NOTIFY, leadership) and posts to ctl_.
+// An attempt's in-flight entry and its capacity permit are released on ctl_ only after the
+// database answered for it (applied or stale), never before.
+#include "tenure/runtime.hpp"
+
+#include <unistd.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <deque>
+#include <future>
+#include <map>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+#include <spdlog/spdlog.h>
+
+#include "sdk/runtime/attempt_entry.hpp"
+#include "sdk/runtime/metrics_server.hpp"
+#include "sdk/signal_port.hpp"
+#include "sdk/storage_port.hpp"
+
+namespace tenure {
+
+namespace asio = boost::asio;
+using detail::attempt_entry;
+using entry_ptr = std::shared_ptr<attempt_entry>;
+using std::chrono::steady_clock;
+
+// ---- job_outcome / job_context ---------------------------------------------------------------
+
+job_outcome job_outcome::completed(std::optional<nlohmann::json> progress) {
+  job_outcome o;
+  o.kind_ = kind::completed;
+  o.progress_ = std::move(progress);
+  return o;
+}
+job_outcome job_outcome::retry(std::string error) {
+  job_outcome o;
+  o.kind_ = kind::retry;
+  o.message_ = std::move(error);
+  return o;
+}
+job_outcome job_outcome::retry_after(milliseconds delay, std::string error) {
+  job_outcome o = retry(std::move(error));
+  o.delay_ = delay;
+  return o;
+}
+job_outcome job_outcome::snooze(milliseconds delay) {
+  job_outcome o;
+  o.kind_ = kind::snooze;
+  o.delay_ = delay;
+  return o;
+}
+job_outcome job_outcome::fail(std::string error) {
+  job_outcome o;
+  o.kind_ = kind::fail;
+  o.message_ = std::move(error);
+  return o;
+}
+job_outcome job_outcome::cancel(std::string reason) {
+  job_outcome o;
+  o.kind_ = kind::cancel;
+  o.message_ = std::move(reason);
+  return o;
+}
+
+job_context::job_context(std::shared_ptr<detail::attempt_entry> entry) : entry_(std::move(entry)) {}
+std::int64_t job_context::job_id() const noexcept { return entry_->claim.attempt.job_id; }
+std::int64_t job_context::run_lease() const noexcept { return entry_->claim.attempt.run_lease; }
+int job_context::attempt() const noexcept { return entry_->claim.attempt_number; }
+int job_context::max_attempts() const noexcept { return entry_->claim.max_attempts; }
+const std::string& job_context::kind() const noexcept { return entry_->claim.kind; }
+const std::string& job_context::queue() const noexcept { return entry_->claim.queue; }
+const nlohmann::json& job_context::args() const { return entry_->args(); }
+finalization_token job_context::token() const noexcept { return entry_->claim.token(); }
+bool job_context::is_cancelled() const noexcept { return entry_->is_cancelled(); }
+bool job_context::wait_cancelled(milliseconds d) const {
+  std::unique_lock lock(entry_->mu);
+  return entry_->cv.wait_for(lock, d, [&] { return entry_->is_cancelled(); });
+}
+void job_context::set_progress(int percent, std::string message, nlohmann::json metadata) {
+  nlohmann::json p = {{"percent", percent}};
+  if (!message.empty()) p["message"] = std::move(message);
+  if (!metadata.is_null()) p["metadata"] = std::move(metadata);
+  entry_->put_progress(p.dump());
+}
+
+std::string_view to_string(lifecycle_event e) noexcept {
+  switch (e) {
+    case lifecycle_event::started: return "started";
+    case lifecycle_event::completed: return "completed";
+    case lifecycle_event::retried: return "retried";
+    case lifecycle_event::failed: return "failed";
+    case lifecycle_event::cancelled: return "cancelled";
+    case lifecycle_event::snoozed: return "snoozed";
+    case lifecycle_event::rescued: return "rescued";
+  }
+  return "unknown";
+}
+
+// ---- the runtime -------------------------------------------------------------------------------
+
+namespace {
+
+struct atomic_metrics {
+  std::atomic<std::uint64_t> claimed{0}, completed{0}, stale_rejected{0}, retried{0}, failed{0},
+      cancelled{0}, snoozed{0}, rescued{0}, claims{0}, flushes{0}, flushed_items{0}, flush_failures{0},
+      flush_max_size{0}, flush_latency_us_total{0}, heartbeats{0}, database_errors{0};
+  std::atomic<std::int64_t> in_flight{0};
+  std::atomic<std::int64_t> pending_completions{0};
+};
+
+std::string default_worker_id() {
+  char host[256] = {0};
+  if (gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "host");
+  return std::string{host} + ":" + std::to_string(::getpid());
+}
+
+/// Exponential backoff for retrying database work: 50 ms doubling to 5 s.
+milliseconds next_backoff(milliseconds current) {
+  if (current.count() == 0) return milliseconds{50};
+  return std::min(milliseconds{5'000}, current * 2);
+}
+
+}  // namespace
+
+struct runtime::impl {
+  struct queue_state {
+    queue_state(asio::io_context& io, queue_options o) : opt(std::move(o)), free(opt.max_concurrency), timer(io) {}
+    queue_options opt;
+    int free;               ///< capacity permits not held by an attempt or a claim in progress
+    bool claiming = false;  ///< a claim statement is in flight
+    bool drained = false;   ///< the last claim found fewer jobs than it asked for
+    bool wake_pending = false;
+    bool pump_posted = false;
+    milliseconds idle_step{0};
+    milliseconds error_backoff{0};
+    asio::steady_timer timer;
+  };
+
+  struct pending_completion {
+    entry_ptr entry;
+    std::optional<std::string> progress;
+  };
+
+  impl(runtime_config c, std::shared_ptr<sdk::storage_port> s, std::shared_ptr<sdk::signal_port> sig)
+      : cfg(std::move(c)),
+        store(std::move(s)),
+        signals(std::move(sig)),
+        db(4),
+        flush_timer(ctl),
+        heartbeat_timer(ctl),
+        maintenance_timer(ctl) {
+    for (const auto& q : cfg.queues) {
+      queues.push_back(std::make_unique<queue_state>(ctl, q));
+      by_name[q.name] = queues.back().get();
+    }
+  }
+
+  runtime_config cfg;
+  std::shared_ptr<sdk::storage_port> store;
+  std::shared_ptr<sdk::signal_port> signals;
+  std::unordered_map<std::string, handler> handlers;
+  std::vector<event_hook> hooks;
+  atomic_metrics m;
+  std::atomic<bool> leader{false};
+
+  asio::io_context ctl;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> ctl_guard;
+  std::thread ctl_thread;
+  asio::thread_pool db;
+  std::unique_ptr<asio::thread_pool> workers;
+
+  // ---- control-thread state ----
+  std::vector<std::unique_ptr<queue_state>> queues;
+  std::unordered_map<std::string, queue_state*> by_name;
+  std::map<attempt_id, entry_ptr> in_flight;
+  std::deque<pending_completion> pending;
+  asio::steady_timer flush_timer;
+  asio::steady_timer heartbeat_timer;
+  asio::steady_timer maintenance_timer;
+  bool flushing = false;
+  bool flush_timer_armed = false;
+  milliseconds flush_backoff{0};
+  bool heartbeat_running = false;
+  bool maintenance_running = false;
+  int running_handlers = 0;
+  int outstanding_ops = 0;  ///< fail/snooze/cancel/reconcile calls not answered yet
+  bool stopping = false;    ///< no new claims
+  bool abandoning = false;  ///< past the shutdown timeout: late outcomes are left for rescue
+  std::vector<std::function<void()>> idle_waiters;
+
+  std::thread signal_thread;
+  std::atomic<bool> signal_stop{false};
+  std::unique_ptr<detail::metrics_server> metrics_http;
+  bool started = false;
+  bool stopped = false;
+  std::mutex lifecycle_mu;
+
+  milliseconds staleness() const { return cfg.staleness.value_or(cfg.heartbeat_interval * 3); }
+
+  template <class Fn>
+  void on_ctl(Fn&& fn) {
+    asio::post(ctl, std::forward<Fn>(fn));
+  }
+
+  /// Runs `call` on the database pool and `done(result)` back on the control thread.
+  template <class Call, class Done>
+  void on_db(Call&& call, Done&& done) {
+    asio::post(db, [this, call = std::forward<Call>(call), done = std::forward<Done>(done)]() mutable {
+      auto r = call();
+      asio::post(ctl, [r = std::move(r), done = std::move(done)]() mutable { done(std::move(r)); });
+    });
+  }
+
+  void emit(lifecycle_event e, const claimed_attempt& c, std::string message = {}) {
+    if (hooks.empty()) return;
+    job_event ev{e, c.attempt, c.queue, c.kind, std::move(message)};
+    for (auto& h : hooks) {
+      try {
+        h(ev);
+      } catch (const std::exception& ex) {
+        spdlog::error("tenure: lifecycle hook threw on {} job {} lease {}: {}", to_string(e), c.attempt.job_id,
+                      c.attempt.run_lease, ex.what());
+      }
+    }
+  }
+
+  // ---- dispatch ----
+
+  void schedule_pump(queue_state& q) {
+    if (q.pump_posted) return;
+    q.pump_posted = true;
+    on_ctl([this, &q] {
+      q.pump_posted = false;
+      pump(q);
+    });
+  }
+
+  void pump(queue_state& q) {
+    if (stopping || q.claiming || q.free <= 0) return;
+    const int n = std::min(q.free, cfg.claim_batch);
+    q.free -= n;  // permits first, then one claim statement for up to that many jobs
+    q.claiming = true;
+    q.wake_pending = false;
+    q.timer.cancel();
+    m.claims.fetch_add(1, std::memory_order_relaxed);
+    on_db([this, &q, n] { return store->claim(q.opt.name, n, cfg.worker_id); },
+          [this, &q, n](result<std::vector<claimed_attempt>> r) { on_claimed(q, n, std::move(r)); });
+  }
+
+  void arm_queue_timer(queue_state& q, milliseconds d) {
+    q.timer.expires_after(d);
+    q.timer.async_wait([this, &q](const boost::system::error_code& ec) {
+      if (!ec) pump(q);
+    });
+  }
+
+  void on_claimed(queue_state& q, int asked, result<std::vector<claimed_attempt>> r) {
+    q.claiming = false;
+    if (!r) {
+      q.free += asked;
+      m.database_errors.fetch_add(1, std::memory_order_relaxed);
+      q.error_backoff = next_backoff(q.error_backoff);
+      spdlog::warn("tenure: claim on queue {} failed ({}); retrying in {} ms", q.opt.name, r.error().message(),
+                   q.error_backoff.count());
+      if (!stopping) arm_queue_timer(q, std::min(q.error_backoff, cfg.poll_interval));
+      return;
+    }
+    q.error_backoff = milliseconds{0};
+    auto& got = r.value();
+    q.free += asked - static_cast<int>(got.size());
+    for (auto& c : got) start_attempt(std::move(c));
+    if (static_cast<int>(got.size()) == asked) {
+      q.drained = false;
+      q.idle_step = milliseconds{0};
+      pump(q);  // more may be waiting
+      return;
+    }
+    q.drained = true;
+    if (stopping) return;
+    if (q.wake_pending) {
+      pump(q);
+      return;
+    }
+    // Idle: a NOTIFY (sent only because this claim registered us as waiting) wakes us; meanwhile
+    // poll soon and then less often, which also catches a wake-up that raced our registration.
+    q.idle_step = q.idle_step.count() == 0 ? milliseconds{5} : std::min(cfg.poll_interval, q.idle_step * 2);
+    if (!got.empty()) q.idle_step = milliseconds{5};
+    arm_queue_timer(q, std::min(q.idle_step, cfg.poll_interval));
+  }
+
+  void on_wake(const std::string& queue) {
+    auto it = by_name.find(queue);
+    if (it == by_name.end()) return;
+    auto& q = *it->second;
+    q.idle_step = milliseconds{0};
+    if (q.claiming) {
+      q.wake_pending = true;
+      return;
+    }
+    pump(q);
+  }
+
+  void start_attempt(claimed_attempt c) {
+    auto entry = std::make_shared<attempt_entry>(std::move(c));
+    const auto& a = entry->claim;
+    in_flight.emplace(a.attempt, entry);
+    m.in_flight.fetch_add(1, std::memory_order_relaxed);
+    m.claimed.fetch_add(1, std::memory_order_relaxed);
+    ++running_handlers;
+    emit(lifecycle_event::started, a);
+    auto it = handlers.find(a.kind);
+    if (it == handlers.end()) {
+      // No handler here for this kind: give the attempt back (snooze) so a worker that has one
+      // can take it, without spending an attempt.
+      spdlog::error("tenure: no handler for kind '{}' (job {} lease {} queue {}); snoozing it 60 s", a.kind,
+                    a.attempt.job_id, a.attempt.run_lease, a.queue);
+      on_outcome(entry, job_outcome::snooze(milliseconds{60'000}));
+      return;
+    }
+    asio::post(*workers, [this, entry, &fn = it->second] {
+      job_outcome outcome = job_outcome::completed();
+      try {
+        job_context ctx{entry};
+        outcome = fn(ctx);
+      } catch (const std::exception& e) {
+        outcome = job_outcome::retry(std::string{"handler threw: "} + e.what());
+      } catch (...) {
+        outcome = job_outcome::retry("handler threw a non-standard exception");
+      }
+      on_ctl([this, entry, outcome = std::move(outcome)]() mutable { on_outcome(entry, std::move(outcome)); });
+    });
+  }
+
+  // ---- outcomes ----
+
+  void on_outcome(const entry_ptr& entry, job_outcome outcome) {
+    --running_handlers;
+    const auto& a = entry->claim;
+    if (abandoning) {
+      spdlog::warn("tenure: job {} lease {} queue {} finished after the shutdown timeout; its attempt stays "
+                   "open for rescue",
+                   a.attempt.job_id, a.attempt.run_lease, a.queue);
+      release(entry);
+      return;
+    }
+    if (outcome.what() == job_outcome::kind::completed) {
+      std::optional<std::string> progress;
+      if (outcome.progress()) progress = outcome.progress()->dump();
+      pending.push_back({entry, std::move(progress)});
+      m.pending_completions.fetch_add(1, std::memory_order_relaxed);
+      maybe_flush();
+      return;
+    }
+    apply_outcome(entry, std::move(outcome), milliseconds{0});
+  }
+
+  /// Fail / retry / snooze / cancel: one guarded statement each. The entry is held until the
+  /// database answered; on a database error the call is retried with backoff until staleness
+  /// has passed (after that, rescue owns the attempt).
+  void apply_outcome(const entry_ptr& entry, job_outcome outcome, milliseconds backoff) {
+    ++outstanding_ops;
+    const auto a = entry->claim.attempt;
+    const auto kind = outcome.what();
+    on_db(
+        [this, a, outcome]() -> result<job_state> {
+          switch (outcome.what()) {
+            case job_outcome::kind::retry: {
+              std::optional<sdk::microseconds> after;
+              if (outcome.delay()) after = std::chrono::duration_cast<sdk::microseconds>(*outcome.delay());
+              return store->fail(a, outcome.message(), sdk::fail_disposition::retry, after);
+            }
+            case job_outcome::kind::fail:
+              return store->fail(a, outcome.message(), sdk::fail_disposition::permanent);
+            case job_outcome::kind::snooze: {
+              auto r = store->snooze(a, std::chrono::duration_cast<sdk::microseconds>(*outcome.delay()));
+              if (!r) return r.error();
+              return job_state::scheduled;
+            }
+            case job_outcome::kind::cancel: {
+              auto r = store->cancel_attempt(a, outcome.message());
+              if (!r) return r.error();
+              return job_state::cancelled;
+            }
+            case job_outcome::kind::completed: break;
+          }
+          return errc::protocol_error;
+        },
+        [this, entry, outcome, backoff, kind](result<job_state> r) mutable {
+          --outstanding_ops;
+          const auto& c = entry->claim;
+          if (r) {
+            switch (r.value()) {
+              case job_state::retryable:
+                m.retried.fetch_add(1, std::memory_order_relaxed);
+                emit(lifecycle_event::retried, c, outcome.message());
+                spdlog::info("tenure: job {} lease {} queue {} will retry: {}", c.attempt.job_id,
+                             c.attempt.run_lease, c.queue, outcome.message());
+                break;
+              case job_state::failed:
+                m.failed.fetch_add(1, std::memory_order_relaxed);
+                emit(lifecycle_event::failed, c, outcome.message());
+                spdlog::warn("tenure: job {} lease {} queue {} failed: {}", c.attempt.job_id, c.attempt.run_lease,
+                             c.queue, outcome.message());
+                break;
+              case job_state::scheduled:
+                m.snoozed.fetch_add(1, std::memory_order_relaxed);
+                emit(lifecycle_event::snoozed, c);
+                break;
+              case job_state::cancelled:
+                m.cancelled.fetch_add(1, std::memory_order_relaxed);
+                emit(lifecycle_event::cancelled, c, outcome.message());
+                break;
+              default: break;
+            }
+            release(entry);
+            return;
+          }
+          if (r.error() == errc::stale_attempt) {
+            m.stale_rejected.fetch_add(1, std::memory_order_relaxed);
+            spdlog::debug("tenure: stale outcome discarded for job {} lease {} queue {}", c.attempt.job_id,
+                          c.attempt.run_lease, c.queue);
+            release(entry);
+            return;
+          }
+          m.database_errors.fetch_add(1, std::memory_order_relaxed);
+          const auto next = next_backoff(backoff);
+          // Keep the entry and retry: the attempt stays ours until the database answers. An
+          // unknown outcome is retried too; if the first call had landed, the retry is stale.
+          if (r.error() == errc::commit_in_doubt) entry->in_doubt = true;
+          if (abandoning) {
+            spdlog::error("tenure: could not record the {} outcome of job {} lease {} queue {} before shutdown "
+                          "({}); the attempt stays open for rescue",
+                          kind == job_outcome::kind::retry ? "retry" : "final", c.attempt.job_id,
+                          c.attempt.run_lease, c.queue, r.error().message());
+            release(entry);
+            return;
+          }
+          spdlog::warn("tenure: recording outcome of job {} lease {} failed ({}); retrying in {} ms",
+                       c.attempt.job_id, c.attempt.run_lease, r.error().message(), next.count());
+          auto t = std::make_shared<asio::steady_timer>(ctl, next);
+          ++outstanding_ops;
+          t->async_wait([this, t, entry, outcome, next](const boost::system::error_code&) mutable {
+            --outstanding_ops;
+            apply_outcome(entry, std::move(outcome), next);
+          });
+        });
+  }
+
+  void release(const entry_ptr& entry) {
+    const auto& c = entry->claim;
+    if (in_flight.erase(c.attempt) == 0) return;
+    m.in_flight.fetch_sub(1, std::memory_order_relaxed);
+    if (auto it = by_name.find(c.queue); it != by_name.end()) {
+      auto& q = *it->second;
+      ++q.free;
+      if (!q.drained) schedule_pump(q);
+    }
+    check_idle();
+  }
+
+  // ---- completion batcher ----
+
+  void maybe_flush() {
+    if (flushing || pending.empty()) return;
+    if (static_cast<int>(pending.size()) >= cfg.completion_batch || stopping) {
+      flush_timer.cancel();
+      flush_timer_armed = false;
+      flush();
+      return;
+    }
+    if (!flush_timer_armed) {
+      flush_timer_armed = true;
+      flush_timer.expires_after(cfg.flush_delay);
+      flush_timer.async_wait([this](const boost::system::error_code& ec) {
+        if (ec) return;
+        flush_timer_armed = false;
+        if (!flushing) flush();
+      });
+    }
+  }
+
+  void flush() {
+    if (flushing || pending.empty()) return;
+    flushing = true;
+    const auto n = std::min<std::size_t>(pending.size(), static_cast<std::size_t>(cfg.completion_batch));
+    std::vector<pending_completion> batch(std::make_move_iterator(pending.begin()),
+                                          std::make_move_iterator(pending.begin() + static_cast<long>(n)));
+    pending.erase(pending.begin(), pending.begin() + static_cast<long>(n));
+    std::vector<sdk::completion> items;
+    items.reserve(n);
+    for (const auto& p : batch) items.push_back({p.entry->claim.attempt, p.progress});
+    const auto started_at = steady_clock::now();
+    on_db([this, items = std::move(items)] { return store->complete(items); },
+          [this, batch = std::move(batch), started_at](result<std::vector<sdk::completion_result>> r) mutable {
+            on_flushed(std::move(batch), std::move(r), steady_clock::now() - started_at);
+          });
+  }
+
+  void on_flushed(std::vector<pending_completion> batch, result<std::vector<sdk::completion_result>> r,
+                  steady_clock::duration took) {
+    flushing = false;
+    if (!r) {
+      // The attempts stay open (and heartbeated); the flush is retried. Never lost, never
+      // double-completed: after an unknown outcome, a stale answer is checked against evidence.
+      m.flush_failures.fetch_add(1, std::memory_order_relaxed);
+      m.database_errors.fetch_add(1, std::memory_order_relaxed);
+      const bool doubt = r.error() == errc::commit_in_doubt;
+      for (auto& p : batch) p.entry->in_doubt = p.entry->in_doubt || doubt;
+      for (auto it = batch.rbegin(); it != batch.rend(); ++it) pending.push_front(std::move(*it));
+      flush_backoff = next_backoff(flush_backoff);
+      spdlog::warn("tenure: completion flush of {} failed ({}); retrying in {} ms", batch.size(),
+                   r.error().message(), flush_backoff.count());
+      auto t = std::make_shared<asio::steady_timer>(ctl, flush_backoff);
+      flushing = true;  // hold further flushes until the retry
+      t->async_wait([this, t](const boost::system::error_code&) {
+        flushing = false;
+        flush();
+      });
+      return;
+    }
+    flush_backoff = milliseconds{0};
+    const auto size = batch.size();
+    m.flushes.fetch_add(1, std::memory_order_relaxed);
+    m.flushed_items.fetch_add(size, std::memory_order_relaxed);
+    m.flush_latency_us_total.fetch_add(
+        static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(took).count()),
+        std::memory_order_relaxed);
+    auto max = m.flush_max_size.load(std::memory_order_relaxed);
+    while (size > max && !m.flush_max_size.compare_exchange_weak(max, size)) {
+    }
+    m.pending_completions.fetch_sub(static_cast<std::int64_t>(size), std::memory_order_relaxed);
+    const auto& results = r.value();
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      const auto& entry = batch[i].entry;
+      const bool applied = i < results.size() && results[i].applied;
+      if (applied) {
+        m.completed.fetch_add(1, std::memory_order_relaxed);
+        emit(lifecycle_event::completed, entry->claim);
+        release(entry);
+      } else if (entry->in_doubt) {
+        reconcile_in_doubt(entry);
+      } else {
+        discard_stale(entry);
+      }
+    }
+    maybe_flush();
+  }
+
+  void discard_stale(const entry_ptr& entry) {
+    const auto& c = entry->claim;
+    m.stale_rejected.fetch_add(1, std::memory_order_relaxed);
+    spdlog::debug("tenure: stale completion discarded for job {} lease {} queue {}", c.attempt.job_id,
+                  c.attempt.run_lease, c.queue);
+    release(entry);
+  }
+
+  /// A completion whose earlier flush had an unknown outcome came back stale: was it ours?
+  void reconcile_in_doubt(const entry_ptr& entry, milliseconds backoff = milliseconds{0}) {
+    ++outstanding_ops;
+    on_db([this, a = entry->claim.attempt] { return store->reconcile(a); },
+          [this, entry, backoff](result<sdk::attempt_evidence> r) {
+            --outstanding_ops;
+            if (!r) {
+              const auto next = next_backoff(backoff);
+              auto t = std::make_shared<asio::steady_timer>(ctl, next);
+              ++outstanding_ops;
+              t->async_wait([this, t, entry, next](const boost::system::error_code&) {
+                --outstanding_ops;
+                reconcile_in_doubt(entry, next);
+              });
+              return;
+            }
+            if (r.value() == sdk::attempt_evidence::completed_by_this) {
+              m.completed.fetch_add(1, std::memory_order_relaxed);
+              emit(lifecycle_event::completed, entry->claim);
+              release(entry);
+            } else {
+              discard_stale(entry);
+            }
+          });
+  }
+
+  // ---- heartbeat ----
+
+  void arm_heartbeat() {
+    heartbeat_timer.expires_after(cfg.heartbeat_interval);
+    heartbeat_timer.async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      heartbeat([] {});
+      arm_heartbeat();
+    });
+  }
+
+  void heartbeat(std::function<void()> done) {
+    if (heartbeat_running || in_flight.empty()) {
+      done();
+      return;
+    }
+    heartbeat_running = true;
+    std::vector<attempt_id> attempts;
+    std::vector<std::optional<std::string>> progress;
+    std::vector<entry_ptr> entries;
+    bool any_progress = false;
+    for (const auto& [id, e] : in_flight) {
+      attempts.push_back(id);
+      progress.push_back(e->take_progress());
+      any_progress = any_progress || progress.back().has_value();
+      entries.push_back(e);
+    }
+    if (!any_progress) progress.clear();
+    m.heartbeats.fetch_add(1, std::memory_order_relaxed);
+    on_db([this, attempts, progress] { return store->heartbeat(attempts, progress); },
+          [this, entries = std::move(entries), progress, done = std::move(done)](result<std::vector<attempt_id>> r) {
+            heartbeat_running = false;
+            if (!r) {
+              m.database_errors.fetch_add(1, std::memory_order_relaxed);
+              spdlog::warn("tenure: heartbeat of {} attempts failed: {}", entries.size(), r.error().message());
+              for (std::size_t i = 0; i < progress.size(); ++i) {
+                if (progress[i]) entries[i]->restore_progress(*progress[i]);
+              }
+              done();
+              return;
+            }
+            std::set<attempt_id> live(r.value().begin(), r.value().end());
+            for (const auto& e : entries) {
+              if (!live.contains(e->claim.attempt) && !e->is_cancelled()) {
+                const auto& c = e->claim;
+                spdlog::warn("tenure: job {} lease {} queue {} is no longer live (rescued or cancelled); "
+                             "cancelling its handler",
+                             c.attempt.job_id, c.attempt.run_lease, c.queue);
+                e->cancel();
+              }
+            }
+            done();
+          });
+  }
+
+  // ---- maintenance ----
+
+  void arm_maintenance() {
+    maintenance_timer.expires_after(cfg.maintenance_interval);
+    maintenance_timer.async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      maintenance([] {});
+      arm_maintenance();
+    });
+  }
+
+  bool is_leader() const { return cfg.maintenance && (!signals || leader.load()); }
+
+  void maintenance(std::function<void()> done) {
+    if (maintenance_running || !is_leader()) {
+      done();
+      return;
+    }
+    maintenance_running = true;
+    const auto stale_after = std::chrono::duration_cast<sdk::microseconds>(staleness());
+    on_db(
+        [this, stale_after]() -> result<std::vector<sdk::rescued_attempt>> {
+          auto promoted = store->promote_due();
+          if (!promoted) return promoted.error();
+          return store->rescue_stale(stale_after);
+        },
+        [this, done = std::move(done)](result<std::vector<sdk::rescued_attempt>> r) {
+          maintenance_running = false;
+          if (!r) {
+            m.database_errors.fetch_add(1, std::memory_order_relaxed);
+            spdlog::warn("tenure: maintenance failed: {}", r.error().message());
+            done();
+            return;
+          }
+          for (const auto& res : r.value()) {
+            m.rescued.fetch_add(1, std::memory_order_relaxed);
+            spdlog::warn("tenure: rescued job {} lease {} queue {} (no heartbeat for {} ms or past its deadline) "
+                         "-> {}",
+                         res.attempt.job_id, res.attempt.run_lease, res.queue, staleness().count(),
+                         tenure::to_string(res.new_state));
+            claimed_attempt c;
+            c.attempt = res.attempt;
+            c.queue = res.queue;
+            if (auto it = in_flight.find(res.attempt); it != in_flight.end()) {
+              c = it->second->claim;
+              it->second->cancel();  // its late outcome will be stale
+            }
+            emit(lifecycle_event::rescued, c, std::string{tenure::to_string(res.new_state)});
+            if (res.new_state == job_state::available) on_wake(res.queue);
+          }
+          done();
+        });
+  }
+
+  // ---- signals ----
+
+  void signal_loop() {
+    milliseconds backoff{0};
+    auto next_lead_try = steady_clock::now();
+    while (!signal_stop.load()) {
+      if (!signals->connected()) {
+        leader = false;
+        auto c = signals->connect();
+        if (!c) {
+          backoff = next_backoff(backoff);
+          spdlog::warn("tenure: LISTEN connection failed ({}); polling meanwhile, retrying in {} ms",
+                       c.error().message(), backoff.count());
+          const auto until = steady_clock::now() + backoff;
+          while (!signal_stop.load() && steady_clock::now() < until) std::this_thread::sleep_for(milliseconds{20});
+          continue;
+        }
+        if (backoff.count() > 0) spdlog::info("tenure: LISTEN connection restored");
+        backoff = milliseconds{0};
+        // Notifications sent while we were away are lost: look at every queue once.
+        on_ctl([this] {
+          for (auto& q : queues) on_wake(q->opt.name);
+        });
+      }
+      if (cfg.maintenance && steady_clock::now() >= next_lead_try) {
+        auto l = signals->try_lead();
+        const bool now_leader = l && l.value();
+        if (now_leader != leader.load()) {
+          spdlog::info("tenure: worker {} {} the maintenance leader", cfg.worker_id, now_leader ? "is now" : "is no longer");
+        }
+        leader = now_leader;
+        next_lead_try = steady_clock::now() + cfg.maintenance_interval;
+      }
+      auto r = signals->wait(milliseconds{100});
+      if (!r) {
+        leader = false;
+        continue;
+      }
+      for (auto& s : r.value()) {
+        if (s.what == sdk::signal::kind::wake) {
+          on_ctl([this, q = std::move(s.queue)] { on_wake(q); });
+        } else {
+          on_ctl([this, a = s.attempt] {
+            if (auto it = in_flight.find(a); it != in_flight.end()) {
+              spdlog::info("tenure: job {} lease {} queue {} was cancelled or rescued; cancelling its handler",
+                           a.job_id, a.run_lease, it->second->claim.queue);
+              it->second->cancel();
+            }
+          });
+        }
+      }
+    }
+    leader = false;
+  }
+
+  // ---- idle / shutdown ----
+
+  bool idle_now() const { return in_flight.empty() && pending.empty() && !flushing && outstanding_ops == 0; }
+
+  void check_idle() {
+    if (idle_waiters.empty() || !idle_now()) return;
+    auto waiters = std::move(idle_waiters);
+    idle_waiters.clear();
+    for (auto& w : waiters) w();
+  }
+
+  /// Runs `fn` on the control thread and waits for it to call its completion, or `timeout`.
+  bool run_and_wait(std::function<void(std::function<void()>)> fn, milliseconds timeout) {
+    auto p = std::make_shared<std::promise<void>>();
+    auto f = p->get_future();
+    on_ctl([fn = std::move(fn), p] { fn([p] { p->set_value(); }); });
+    return f.wait_for(timeout) == std::future_status::ready;
+  }
+};
+
+// ---- runtime API ---------------------------------------------------------------------------------
+
+runtime::runtime(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+runtime::~runtime() { stop(); }
+
+result<std::unique_ptr<runtime>> runtime::create(runtime_config config, std::shared_ptr<sdk::storage_port> store,
+                                                 std::shared_ptr<sdk::signal_port> signals, std::string* detail) {
+  auto bad = [&](std::string why) -> result<std::unique_ptr<runtime>> {
+    if (detail) *detail = std::move(why);
+    return errc::invalid_argument;
+  };
+  if (!store) return bad("no storage");
+  if (config.queues.empty()) return bad("no queues configured");
+  std::set<std::string> names;
+  for (const auto& q : config.queues) {
+    if (q.name.empty()) return bad("a queue has an empty name");
+    if (q.max_concurrency < 1) return bad("queue " + q.name + ": max_concurrency must be at least 1");
+    if (!names.insert(q.name).second) return bad("queue " + q.name + " is configured twice");
+  }
+  if (config.heartbeat_interval.count() <= 0) return bad("heartbeat_interval must be positive");
+  const auto staleness = config.staleness.value_or(config.heartbeat_interval * 3);
+  if (staleness < config.heartbeat_interval * 2) {
+    return bad("staleness (" + std::to_string(staleness.count()) + " ms) must be at least 2 x heartbeat_interval (" +
+               std::to_string(config.heartbeat_interval.count()) + " ms)");
+  }
+  if (config.claim_batch < 1 || config.claim_batch > 10'000) return bad("claim_batch must be 1..10000");
+  if (config.completion_batch < 1 || config.completion_batch > 10'000) return bad("completion_batch must be 1..10000");
+  if (config.flush_delay.count() < 0) return bad("flush_delay must not be negative");
+  if (config.poll_interval.count() <= 0) return bad("poll_interval must be positive");
+  if (config.maintenance_interval.count() <= 0) return bad("maintenance_interval must be positive");
+  if (config.shutdown_timeout.count() < 0) return bad("shutdown_timeout must not be negative");
+  if (config.worker_id.empty()) config.worker_id = default_worker_id();
+  if (config.handler_threads <= 0) {
+    config.handler_threads = 0;
+    for (const auto& q : config.queues) config.handler_threads += q.max_concurrency;
+  }
+  auto p = std::make_unique<impl>(std::move(config), std::move(store), std::move(signals));
+  return std::unique_ptr<runtime>(new runtime(std::move(p)));
+}
+
+void runtime::handle(std::string kind, handler fn) { impl_->handlers[std::move(kind)] = std::move(fn); }
+void runtime::on_event(event_hook hook) { impl_->hooks.push_back(std::move(hook)); }
+const runtime_config& runtime::config() const noexcept { return impl_->cfg; }
+
+result<void> runtime::start() {
+  std::lock_guard lock(impl_->lifecycle_mu);
+  auto& d = *impl_;
+  if (d.started) return success();
+  if (d.handlers.empty()) {
+    spdlog::error("tenure: runtime::start() with no handler registered");
+    return errc::invalid_argument;
+  }
+  if (d.cfg.metrics_port) {
+    auto server = detail::metrics_server::start(d.cfg.metrics_address, *d.cfg.metrics_port,
+                                                [this] { return prometheus_text(); });
+    if (!server) return server.error();
+    d.metrics_http = std::move(server).value();
+  }
+  d.started = true;
+  d.workers = std::make_unique<asio::thread_pool>(static_cast<std::size_t>(d.cfg.handler_threads));
+  d.ctl_guard.emplace(asio::make_work_guard(d.ctl));
+  d.ctl_thread = std::thread([&d] { d.ctl.run(); });
+  if (d.signals) d.signal_thread = std::thread([&d] { d.signal_loop(); });
+  d.on_ctl([&d] {
+    for (auto& q : d.queues) d.pump(*q);
+    d.arm_heartbeat();
+    d.arm_maintenance();
+  });
+  spdlog::info("tenure: runtime {} started on {} queue(s)", d.cfg.worker_id, d.queues.size());
+  return success();
+}
+
+void runtime::stop() noexcept {
+  try {
+    std::lock_guard lock(impl_->lifecycle_mu);
+    auto& d = *impl_;
+    if (!d.started || d.stopped) return;
+    d.stopped = true;
+    spdlog::info("tenure: runtime {} stopping: no new claims, draining", d.cfg.worker_id);
+    // 1. Stop claiming; handlers keep running and heartbeats continue.
+    d.run_and_wait(
+        [&d](std::function<void()> done) {
+          d.stopping = true;
+          for (auto& q : d.queues) q->timer.cancel();
+          done();
+        },
+        milliseconds{60'000});
+    // 2. Wait for handlers up to the timeout.
+    const auto deadline = steady_clock::now() + d.cfg.shutdown_timeout;
+    auto handlers_done = [&d] {
+      auto p = std::make_shared<std::promise<bool>>();
+      auto f = p->get_future();
+      d.on_ctl([&d, p] { p->set_value(d.running_handlers == 0); });
+      return f.get();
+    };
+    while (!handlers_done() && steady_clock::now() < deadline) std::this_thread::sleep_for(milliseconds{5});
+    if (!handlers_done()) {
+      d.run_and_wait(
+          [&d](std::function<void()> done) {
+            spdlog::warn("tenure: {} handler(s) still running after the shutdown timeout; cancelling them, their "
+                         "attempts stay open for rescue",
+                         d.running_handlers);
+            d.abandoning = true;
+            for (auto& [id, e] : d.in_flight) e->cancel();
+            done();
+          },
+          milliseconds{60'000});
+    }
+    d.workers->join();  // handlers ignoring cancellation are waited for here
+    // 3. Flush every pending completion and finish outstanding outcome writes.
+    const auto flush_deadline = steady_clock::now() + std::max(d.cfg.shutdown_timeout, milliseconds{5'000});
+    for (;;) {
+      auto p = std::make_shared<std::promise<bool>>();
+      auto f = p->get_future();
+      d.on_ctl([&d, p] {
+        d.maybe_flush();
+        p->set_value(d.pending.empty() && !d.flushing && d.outstanding_ops == 0);
+      });
+      if (f.get()) break;
+      if (steady_clock::now() >= flush_deadline) {
+        spdlog::error("tenure: shutdown could not flush every completion (database unavailable?); those attempts "
+                      "stay open and will be rescued and run again");
+        break;
+      }
+      std::this_thread::sleep_for(milliseconds{2});
+    }
+    // 4. Stop the background loops.
+    d.signal_stop = true;
+    if (d.signal_thread.joinable()) d.signal_thread.join();
+    d.run_and_wait(
+        [&d](std::function<void()> done) {
+          d.heartbeat_timer.cancel();
+          d.maintenance_timer.cancel();
+          d.flush_timer.cancel();
+          done();
+        },
+        milliseconds{60'000});
+    d.ctl_guard.reset();
+    d.ctl.stop();
+    if (d.ctl_thread.joinable()) d.ctl_thread.join();
+    d.db.join();
+    if (d.metrics_http) d.metrics_http->stop();
+    spdlog::info("tenure: runtime {} stopped", d.cfg.worker_id);
+  } catch (const std::exception& e) {
+    spdlog::error("tenure: error during stop: {}", e.what());
+  }
+}
+
+runtime_metrics runtime::metrics() const {
+  const auto& m = impl_->m;
+  runtime_metrics r;
+  r.claimed = m.claimed;
+  r.completed = m.completed;
+  r.stale_rejected = m.stale_rejected;
+  r.retried = m.retried;
+  r.failed = m.failed;
+  r.cancelled = m.cancelled;
+  r.snoozed = m.snoozed;
+  r.rescued = m.rescued;
+  r.claims = m.claims;
+  r.flushes = m.flushes;
+  r.flushed_items = m.flushed_items;
+  r.flush_failures = m.flush_failures;
+  r.flush_max_size = m.flush_max_size;
+  r.flush_latency_us_total = m.flush_latency_us_total;
+  r.heartbeats = m.heartbeats;
+  r.database_errors = m.database_errors;
+  r.in_flight = m.in_flight;
+  r.leader = impl_->is_leader();
+  return r;
+}
+
+std::string runtime::prometheus_text() const {
+  const auto r = metrics();
+  std::string out;
+  auto counter = [&](const char* name, const char* help, std::uint64_t v) {
+    out += std::string{"# HELP tenure_"} + name + " " + help + "\n# TYPE tenure_" + name + " counter\ntenure_" + name +
+           " " + std::to_string(v) + "\n";
+  };
+  auto gauge = [&](const char* name, const char* help, std::int64_t v) {
+    out += std::string{"# HELP tenure_"} + name + " " + help + "\n# TYPE tenure_" + name + " gauge\ntenure_" + name +
+           " " + std::to_string(v) + "\n";
+  };
+  counter("claimed_total", "Attempts claimed.", r.claimed);
+  counter("completed_total", "Completions durably applied.", r.completed);
+  counter("stale_rejected_total", "Outcomes discarded because the attempt was no longer live.", r.stale_rejected);
+  counter("retried_total", "Attempts that failed and will retry.", r.retried);
+  counter("failed_total", "Jobs failed for good.", r.failed);
+  counter("cancelled_total", "Jobs cancelled by their handler.", r.cancelled);
+  counter("snoozed_total", "Attempts snoozed.", r.snoozed);
+  counter("rescued_total", "Attempts rescued by this process as maintenance leader.", r.rescued);
+  counter("claims_total", "Claim statements.", r.claims);
+  counter("flushes_total", "Completion flush statements answered.", r.flushes);
+  counter("flushed_items_total", "Completions carried by answered flushes.", r.flushed_items);
+  counter("flush_failures_total", "Completion flushes that failed and were retried.", r.flush_failures);
+  counter("flush_latency_microseconds_total", "Summed latency of answered flushes.", r.flush_latency_us_total);
+  counter("heartbeats_total", "Heartbeat statements.", r.heartbeats);
+  counter("database_errors_total", "Database calls that failed.", r.database_errors);
+  gauge("flush_max_size", "Largest flush so far.", static_cast<std::int64_t>(r.flush_max_size));
+  gauge("in_flight", "Attempts held by this process.", r.in_flight);
+  gauge("leader", "1 when this process runs maintenance.", r.leader ? 1 : 0);
+  return out;
+}
+
+std::optional<std::uint16_t> runtime::metrics_port() const {
+  if (!impl_->metrics_http) return std::nullopt;
+  return impl_->metrics_http->port();
+}
+
+void runtime::heartbeat_now() {
+  impl_->run_and_wait([this](std::function<void()> done) { impl_->heartbeat(std::move(done)); }, milliseconds{60'000});
+}
+
+void runtime::flush_now() {
+  impl_->run_and_wait(
+      [this](std::function<void()> done) {
+        impl_->flush();
+        done();
+      },
+      milliseconds{60'000});
+}
+
+void runtime::maintenance_now() {
+  impl_->run_and_wait([this](std::function<void()> done) { impl_->maintenance(std::move(done)); },
+                      milliseconds{60'000});
+}
+
+bool runtime::wait_idle(milliseconds timeout) {
+  return impl_->run_and_wait(
+      [this](std::function<void()> done) {
+        if (impl_->idle_now()) {
+          done();
+          return;
+        }
+        impl_->idle_waiters.push_back(std::move(done));
+      },
+      timeout);
+}
+
+}  // namespace tenure

@@ -1,0 +1,372 @@
+// Worker runtime behaviour against the real PostgreSQL: dispatch, wake-up, batching, heartbeats,
+// rescue, cancellation, retries, hooks, metrics, graceful shutdown.
+#include <atomic>
+#include <mutex>
+#include <set>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include "runtime/runtime_fixture.hpp"
+#include "sdk/signal_port.hpp"
+
+namespace tenure::test {
+namespace {
+
+TEST_F(runtime_pg, drains_jobs_with_batched_claims_and_flushes) {
+  enqueue_many(3000);
+  auto rt = make();
+  std::atomic<int> ran{0};
+  rt->handle("noop", [&](job_context&) {
+    ++ran;
+    return job_outcome::completed();
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return count("state = 'completed'") == 3000; }));
+  ASSERT_TRUE(rt->wait_idle(10s));
+  const auto m = rt->metrics();
+  EXPECT_EQ(ran.load(), 3000);
+  EXPECT_EQ(m.completed, 3000u);
+  EXPECT_EQ(m.stale_rejected, 0u);
+  // Set-based batches, not a statement per job.
+  EXPECT_LT(m.flushes, 3000u / 4) << "flushes=" << m.flushes;
+  EXPECT_LT(m.claims, 3000u / 4) << "claims=" << m.claims;
+  EXPECT_EQ(m.flushed_items, 3000u);
+  EXPECT_EQ(m.in_flight, 0);
+  rt->stop();
+}
+
+TEST_F(runtime_pg, idle_worker_wakes_on_notify_without_waiting_for_the_poll) {
+  auto cfg = fast_config();
+  cfg.poll_interval = 30s;  // if the job is picked up quickly, NOTIFY did it
+  auto rt = make(cfg);
+  std::atomic<bool> ran{false};
+  rt->handle("ping", [&](job_context&) {
+    ran = true;
+    return job_outcome::completed();
+  });
+  ASSERT_TRUE(rt->start());
+  // The worker registers itself as waiting after its empty claims settle into the long poll.
+  ASSERT_TRUE(eventually([&] { return db_.scalar("SELECT count(*) FROM " + s("waiters")) == "1"; }));
+  std::this_thread::sleep_for(400ms);  // let the short idle polls back off past a second
+  const auto t0 = std::chrono::steady_clock::now();
+  enqueue("ping");
+  ASSERT_TRUE(eventually([&] { return ran.load(); }, 5s));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  rt->stop();
+}
+
+TEST_F(runtime_pg, enqueue_pays_for_notify_only_while_a_worker_waits) {
+  // No worker waiting: enqueue sends no NOTIFY at all.
+  pg listener{schema_.dsn()};
+  listener.exec("LISTEN " + schema_.name() + "_wake");
+  for (int i = 0; i < 5; ++i) enqueue("k");
+  listener.query("SELECT 1");
+  EXPECT_EQ(PQnotifies(listener.native()), nullptr);
+  // A worker waiting on the queue: the next enqueue wakes it.
+  db_.exec("SELECT " + s("worker_idle") + "('default', 'w1')");
+  enqueue("k");
+  listener.query("SELECT 1");
+  PGnotify* n = PQnotifies(listener.native());
+  ASSERT_NE(n, nullptr);
+  EXPECT_STREQ(n->extra, "default");
+  PQfreemem(n);
+}
+
+TEST_F(runtime_pg, polls_when_listen_is_unavailable) {
+  std::string why;
+  auto store = open_store();
+  auto cfg = fast_config();
+  cfg.poll_interval = 50ms;
+  // A signal port that can never connect: the runtime must fall back to polling.
+  auto broken = postgres::make_signal_port("postgresql://postgres@127.0.0.1:1/none", schema_.name());
+  auto rt = runtime::create(cfg, store, broken, &why);
+  ASSERT_TRUE(rt) << why;
+  std::atomic<int> ran{0};
+  rt.value()->handle("k", [&](job_context&) {
+    ++ran;
+    return job_outcome::completed();
+  });
+  ASSERT_TRUE(rt.value()->start());
+  std::this_thread::sleep_for(100ms);
+  enqueue("k");
+  enqueue("k");
+  ASSERT_TRUE(eventually([&] { return ran.load() == 2; }, 10s));
+  EXPECT_TRUE(eventually([&] { return count("state = 'completed'") == 2; }));
+  rt.value()->stop();
+}
+
+TEST_F(runtime_pg, heartbeat_is_one_statement_for_every_attempt_and_flushes_progress) {
+  enqueue_many(5, "slow");
+  auto cfg = fast_config();
+  cfg.heartbeat_interval = 60s;  // driven by hand below
+  auto rt = make(cfg);
+  std::atomic<int> started{0};
+  std::atomic<bool> release{false};
+  rt->handle("slow", [&](job_context& ctx) {
+    ctx.set_progress(50, "halfway", {{"step", ctx.job_id()}});
+    ++started;
+    while (!release.load()) std::this_thread::sleep_for(1ms);
+    return job_outcome::completed();
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return started.load() == 5; }));
+  const auto before = rt->metrics().heartbeats;
+  rt->heartbeat_now();
+  EXPECT_EQ(rt->metrics().heartbeats, before + 1);
+  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("attempt_state") + " WHERE heartbeat_at > now() - interval '1 minute'"),
+            "5");
+  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("jobs") + " WHERE progress->>'message' = 'halfway' AND "
+                       "(progress->>'percent')::int = 50"),
+            "5");
+  release = true;
+  ASSERT_TRUE(eventually([&] { return count("state = 'completed'") == 5; }));
+  rt->stop();
+}
+
+TEST_F(runtime_pg, rescued_attempt_gets_its_cancel_flag_and_its_late_completion_is_stale) {
+  const auto id = enqueue("stuck");
+  // Worker A: heartbeats far apart, no maintenance: its attempt goes stale.
+  auto a_cfg = fast_config();
+  a_cfg.heartbeat_interval = 60s;
+  a_cfg.maintenance = false;
+  auto a = make(a_cfg);
+  std::atomic<bool> a_started{false}, a_saw_cancel{false};
+  std::vector<job_event> a_events;
+  std::mutex mu;
+  a->on_event([&](const job_event& e) {
+    std::lock_guard lock(mu);
+    a_events.push_back(e);
+  });
+  a->handle("stuck", [&](job_context& ctx) {
+    if (ctx.run_lease() > 1) return job_outcome::completed();  // the re-run after rescue
+    a_started = true;
+    a_saw_cancel = ctx.wait_cancelled(30s);
+    return job_outcome::completed();  // arrives late: must be discarded as stale
+  });
+  ASSERT_TRUE(a->start());
+  ASSERT_TRUE(eventually([&] { return a_started.load(); }));
+  // Worker B: the maintenance leader with a short staleness, and no handler for "stuck"'s queue.
+  auto b_cfg = fast_config();
+  b_cfg.queues = {{.name = "elsewhere", .max_concurrency = 1}};
+  b_cfg.heartbeat_interval = 50ms;
+  b_cfg.staleness = 150ms;
+  auto b = make(b_cfg);
+  b->handle("other", [](job_context&) { return job_outcome::completed(); });
+  ASSERT_TRUE(b->start());
+  ASSERT_TRUE(eventually([&] { return a_saw_cancel.load(); }, 10s)) << "the rescue reached A's handler";
+  ASSERT_TRUE(eventually([&] { return a->metrics().stale_rejected == 1; }));
+  EXPECT_EQ(a->metrics().completed, 0u);
+  EXPECT_GE(b->metrics().rescued, 1u);
+  {
+    std::lock_guard lock(mu);
+    for (const auto& e : a_events) EXPECT_NE(e.event, lifecycle_event::completed) << "no hook for a stale result";
+  }
+  b->stop();
+  // The rescued job ran again under a new run lease and completed that time.
+  ASSERT_TRUE(eventually([&] { return state_of(id) == "completed"; }));
+  EXPECT_EQ(db_.scalar("SELECT run_lease FROM " + s("jobs") + " WHERE id = $1", {id}), "2");
+  a->stop();
+}
+
+TEST_F(runtime_pg, admin_cancel_reaches_the_running_handler_within_a_second) {
+  const auto id = enqueue("long");
+  auto rt = make();
+  std::atomic<bool> started{false};
+  std::atomic<long long> cancel_seen_ms{-1};
+  rt->handle("long", [&](job_context& ctx) {
+    started = true;
+    const auto t0 = std::chrono::steady_clock::now();
+    if (ctx.wait_cancelled(30s)) {
+      cancel_seen_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    }
+    return job_outcome::completed();
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return started.load(); }));
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(db_.scalar("SELECT " + s("cancel_job") + "($1)", {id}), "t");
+  ASSERT_TRUE(eventually([&] { return cancel_seen_ms.load() >= 0; }, 5s));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  ASSERT_TRUE(eventually([&] { return rt->metrics().stale_rejected == 1; }));
+  EXPECT_EQ(state_of(id), "cancelled");
+  rt->stop();
+}
+
+TEST_F(runtime_pg, retries_run_exactly_max_attempts_then_fail_and_snooze_spends_none) {
+  auto store = open_store();
+  ASSERT_TRUE(store->configure_queue("default", {.backoff_base = 1ms, .backoff_cap = 5ms}));
+  ASSERT_TRUE(store->configure_queue("dlq", {.dead_letter = true, .backoff_base = 1ms, .backoff_cap = 5ms}));
+  const auto flaky = enqueue("flaky", "{}", "default", 4);
+  const auto doomed = enqueue("flaky", "{}", "dlq", 2);
+  const auto sleepy = enqueue("sleepy", "{}", "default", 1);
+  auto cfg = fast_config();
+  cfg.queues = {{.name = "default", .max_concurrency = 2}, {.name = "dlq", .max_concurrency = 1}};
+  cfg.poll_interval = 20ms;
+  auto rt = make(cfg);
+  std::mutex mu;
+  std::map<std::int64_t, int> runs;
+  rt->handle("flaky", [&](job_context& ctx) {
+    std::lock_guard lock(mu);
+    ++runs[ctx.job_id()];
+    return job_outcome::retry("still broken");
+  });
+  rt->handle("sleepy", [&](job_context& ctx) {
+    std::lock_guard lock(mu);
+    if (++runs[ctx.job_id()] <= 2) return job_outcome::snooze(10ms);
+    return job_outcome::completed();
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return count("state IN ('failed', 'completed')") == 3; }, 30s));
+  rt->stop();
+  std::lock_guard lock(mu);
+  EXPECT_EQ(runs[std::stoll(flaky)], 4) << "exactly max_attempts executions";
+  EXPECT_EQ(runs[std::stoll(doomed)], 2);
+  EXPECT_EQ(runs[std::stoll(sleepy)], 3) << "two snoozes and a run with max_attempts = 1";
+  EXPECT_EQ(state_of(flaky), "failed");
+  EXPECT_EQ(db_.scalar("SELECT last_error FROM " + s("jobs") + " WHERE id = $1", {flaky}), "still broken");
+  EXPECT_EQ(db_.scalar("SELECT dead_lettered FROM " + s("jobs") + " WHERE id = $1", {doomed}), "t");
+  EXPECT_EQ(state_of(sleepy), "completed");
+  EXPECT_EQ(rt->metrics().retried, 3u + 1u);
+  EXPECT_EQ(rt->metrics().failed, 2u);
+  EXPECT_EQ(rt->metrics().snoozed, 2u);
+}
+
+TEST_F(runtime_pg, a_thrown_exception_is_a_retryable_failure_with_its_message) {
+  const auto id = enqueue("boom", "{}", "default", 1);
+  auto rt = make();
+  rt->handle("boom", [](job_context&) -> job_outcome { throw std::runtime_error("disk on fire"); });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return state_of(id) == "failed"; }));
+  EXPECT_EQ(db_.scalar("SELECT last_error FROM " + s("jobs") + " WHERE id = $1", {id}), "handler threw: disk on fire");
+  rt->stop();
+}
+
+TEST_F(runtime_pg, typed_handler_gets_args_and_bad_args_fail_permanently) {
+  struct charge {
+    int order = 0;
+    std::string currency;
+  };
+  const auto good = enqueue("charge", R"({"order": 7, "currency": "EUR"})");
+  const auto bad = enqueue("charge", R"({"order": "seven"})");
+  auto rt = make();
+  std::atomic<int> seen_order{0};
+  rt->handle<nlohmann::json>("charge", [&](const nlohmann::json& args, job_context&) {
+    const charge c{args.at("order").get<int>(), args.at("currency").get<std::string>()};
+    seen_order = c.order;
+    return job_outcome::completed();
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return state_of(good) == "completed"; }));
+  EXPECT_EQ(seen_order.load(), 7);
+  ASSERT_TRUE(eventually([&] { return state_of(bad) != "running" && state_of(bad) != "available"; }));
+  rt->stop();
+}
+
+TEST_F(runtime_pg, lifecycle_hooks_fire_after_durable_transitions) {
+  const auto id = enqueue("ok");
+  auto rt = make();
+  std::mutex mu;
+  std::vector<std::pair<lifecycle_event, std::string>> seen;
+  rt->on_event([&](const job_event& e) {
+    // By the time the hook runs, the transition is visible to any other connection.
+    pg other{schema_.dsn()};
+    std::lock_guard lock(mu);
+    seen.emplace_back(e.event, other.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1",
+                                            {std::to_string(e.attempt.job_id)}));
+  });
+  rt->handle("ok", [](job_context&) { return job_outcome::completed(); });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] {
+    std::lock_guard lock(mu);
+    return seen.size() == 2;
+  }));
+  rt->stop();
+  std::lock_guard lock(mu);
+  EXPECT_EQ(seen[0].first, lifecycle_event::started);
+  EXPECT_EQ(seen[0].second, "running");
+  EXPECT_EQ(seen[1].first, lifecycle_event::completed);
+  EXPECT_EQ(seen[1].second, "completed");
+  (void)id;
+}
+
+TEST_F(runtime_pg, graceful_shutdown_flushes_every_returned_completion) {
+  enqueue_many(40, "work");
+  auto cfg = fast_config();
+  cfg.flush_delay = 10s;           // only size or shutdown can trigger the flush
+  cfg.completion_batch = 10'000;
+  cfg.queues = {{.name = "default", .max_concurrency = 40}};
+  auto rt = make(cfg);
+  std::atomic<int> returned{0};
+  rt->handle("work", [&](job_context&) {
+    std::this_thread::sleep_for(50ms);
+    ++returned;
+    return job_outcome::completed();
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return returned.load() >= 10; }));
+  rt->stop();
+  EXPECT_EQ(returned.load(), 40) << "handlers finish within the shutdown timeout";
+  EXPECT_EQ(count("state = 'completed'"), 40) << "every returned completion is durable after stop()";
+}
+
+TEST_F(runtime_pg, shutdown_timeout_leaves_unfinished_attempts_open_for_rescue) {
+  const auto id = enqueue("stubborn");
+  auto cfg = fast_config();
+  cfg.shutdown_timeout = 200ms;
+  auto rt = make(cfg);
+  std::atomic<bool> started{false}, cancelled{false};
+  rt->handle("stubborn", [&](job_context& ctx) {
+    started = true;
+    cancelled = ctx.wait_cancelled(10s);
+    return job_outcome::completed();
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return started.load(); }));
+  rt->stop();
+  EXPECT_TRUE(cancelled.load()) << "past the timeout the handler is told to stop";
+  EXPECT_EQ(state_of(id), "running") << "nothing invented: the attempt stays open";
+  EXPECT_EQ(db_.scalar("SELECT " + s("rescue_stale") + "('0 seconds')"), "1");
+  EXPECT_EQ(state_of(id), "available");
+}
+
+TEST_F(runtime_pg, metrics_are_served_in_prometheus_text) {
+  enqueue_many(3, "m");
+  auto cfg = fast_config();
+  cfg.metrics_port = 0;
+  auto rt = make(cfg);
+  rt->handle("m", [](job_context&) { return job_outcome::completed(); });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return rt->metrics().completed == 3; }));
+  ASSERT_TRUE(rt->metrics_port());
+  namespace beast = boost::beast;
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::socket sock{io};
+  sock.connect({boost::asio::ip::make_address("127.0.0.1"), *rt->metrics_port()});
+  beast::http::request<beast::http::empty_body> req{beast::http::verb::get, "/metrics", 11};
+  req.set(beast::http::field::host, "localhost");
+  beast::http::write(sock, req);
+  beast::flat_buffer buf;
+  beast::http::response<beast::http::string_body> res;
+  beast::http::read(sock, buf, res);
+  EXPECT_EQ(res.result_int(), 200);
+  EXPECT_NE(res.body().find("tenure_completed_total 3"), std::string::npos) << res.body();
+  EXPECT_NE(res.body().find("# TYPE tenure_in_flight gauge"), std::string::npos);
+  rt->stop();
+}
+
+TEST_F(runtime_pg, create_refuses_staleness_below_twice_the_heartbeat) {
+  auto cfg = fast_config();
+  cfg.heartbeat_interval = 1s;
+  cfg.staleness = 1500ms;
+  std::string why;
+  auto r = postgres::make_runtime({.dsn = schema_.dsn(), .schema = schema_.name(), .runtime = cfg}, &why);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), errc::invalid_argument);
+  EXPECT_NE(why.find("staleness"), std::string::npos) << why;
+}
+
+}  // namespace
+}  // namespace tenure::test
