@@ -64,12 +64,14 @@ connection::~connection() {
 result<rows> connection::check(PGresult* r, const char* name, effect e, std::string* detail) {
   const auto status = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
   if (status == PGRES_TUPLES_OK || status == PGRES_COMMAND_OK) return rows{r};
-  const char* state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
+  // Copied: the field points into `r`, which is cleared below.
+  const char* state_field = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
+  const std::string state = state_field ? state_field : "";
   std::string msg = one_line(r ? PQresultErrorMessage(r) : PQerrorMessage(conn_));
   if (msg.empty()) msg = one_line(PQerrorMessage(conn_));
   if (r) PQclear(r);
   if (detail) *detail = msg;
-  if (state == nullptr || PQstatus(conn_) != CONNECTION_OK) {
+  if (state.empty() || PQstatus(conn_) != CONNECTION_OK) {
     // No SQLSTATE: the connection broke. A write may already have been applied.
     spdlog::warn("tenure.pg: statement {} lost its connection: {}", name, msg);
     return e == effect::write ? errc::commit_in_doubt : errc::database_unavailable;
