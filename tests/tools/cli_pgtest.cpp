@@ -1,0 +1,544 @@
+// Runs the real `tenure` binary against the test cluster (TENURE_TEST_DSN). Each test works in
+// its own schema, dropped at the end; the command's stdout, stderr and exit code are checked
+// exactly, because scripts depend on them.
+#include <gtest/gtest.h>
+#include <libpq-fe.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+extern char** environ;
+
+namespace {
+
+// ---- running the binary --------------------------------------------------------------------
+
+struct run_result {
+  std::string out;
+  std::string err;
+  int exit_code = -1;  ///< 128 + signal when the process was killed by a signal
+};
+
+std::ostream& operator<<(std::ostream& os, const run_result& r) {
+  return os << "exit " << r.exit_code << "\n--- stdout ---\n" << r.out << "--- stderr ---\n" << r.err;
+}
+
+/// The parent's environment without the variables the binary reads, plus `extra`.
+std::vector<std::string> child_environment(const std::map<std::string, std::string>& extra) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('='));
+    if (name == "DATABASE_URL" || name == "TENURE_SCHEMA" || extra.contains(name)) continue;
+    env.push_back(entry);
+  }
+  for (const auto& [name, value] : extra) env.push_back(name + "=" + value);
+  return env;
+}
+
+/// Spawns TENURE_CLI_PATH with `args`, collecting stdout and stderr until it exits.
+run_result run_tenure(const std::vector<std::string>& args,
+                      const std::map<std::string, std::string>& env = {}) {
+  int out_pipe[2], err_pipe[2];
+  if (pipe(out_pipe) != 0 || pipe(err_pipe) != 0) throw std::runtime_error("pipe failed");
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, err_pipe[1], STDERR_FILENO);
+  for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]})
+    posix_spawn_file_actions_addclose(&actions, fd);
+
+  std::vector<std::string> argv_text{TENURE_CLI_PATH};
+  argv_text.insert(argv_text.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_text) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  auto env_text = child_environment(env);
+  std::vector<char*> envp;
+  for (auto& e : env_text) envp.push_back(e.data());
+  envp.push_back(nullptr);
+
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, TENURE_CLI_PATH, &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  if (spawned != 0) {
+    close(out_pipe[0]);
+    close(err_pipe[0]);
+    throw std::runtime_error(std::string{"cannot spawn " TENURE_CLI_PATH ": "} + std::strerror(spawned));
+  }
+
+  // Read both pipes together: a child blocked on a full stderr pipe would never exit.
+  run_result r;
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  std::string* sinks[2] = {&r.out, &r.err};
+  int open_fds = 2;
+  while (open_fds > 0) {
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+      char buf[4096];
+      const ssize_t n = read(fds[i].fd, buf, sizeof buf);
+      if (n > 0) {
+        sinks[i]->append(buf, static_cast<std::size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+      }
+    }
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+/// The error contract: exit code, nothing on stdout, exactly one `tenure: ` line on stderr.
+void expect_one_error_line(const run_result& r, int exit_code, const std::string& must_contain) {
+  EXPECT_EQ(r.exit_code, exit_code) << r;
+  EXPECT_EQ(r.out, "") << r;
+  EXPECT_TRUE(r.err.starts_with("tenure: ")) << r;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r;
+  EXPECT_TRUE(r.err.ends_with("\n")) << r;
+  EXPECT_NE(r.err.find(must_contain), std::string::npos) << "missing '" << must_contain << "'\n" << r;
+  EXPECT_EQ(r.err.find("terminate called"), std::string::npos) << r;
+  EXPECT_EQ(r.err.find("what()"), std::string::npos) << r;
+}
+
+/// The success contract: exit 0, nothing on stderr.
+void expect_success(const run_result& r) {
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(r.err, "") << r;
+}
+
+std::string random_hex(int digits) {
+  static std::mt19937_64 gen{std::random_device{}()};
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (int i = 0; i < digits; ++i) s += hex[gen() % 16];
+  return s;
+}
+
+// ---- the database, for setup and checks ------------------------------------------------------
+
+class pg {
+ public:
+  explicit pg(const std::string& dsn) : conn_(PQconnectdb(dsn.c_str()), &PQfinish) {
+    if (PQstatus(conn_.get()) != CONNECTION_OK) {
+      throw std::runtime_error(std::string{"cannot connect to TENURE_TEST_DSN: "} +
+                               PQerrorMessage(conn_.get()));
+    }
+    exec("SET client_min_messages = warning");
+  }
+  /// Runs SQL and returns the first column of the first row (nullopt for no row or NULL).
+  std::optional<std::string> exec(const std::string& sql) {
+    std::unique_ptr<PGresult, decltype(&PQclear)> res(PQexec(conn_.get(), sql.c_str()), &PQclear);
+    const auto status = PQresultStatus(res.get());
+    if (status != PGRES_TUPLES_OK && status != PGRES_COMMAND_OK) {
+      throw std::runtime_error("SQL failed: " + sql + ": " + PQresultErrorMessage(res.get()));
+    }
+    if (status != PGRES_TUPLES_OK || PQntuples(res.get()) == 0 || PQgetisnull(res.get(), 0, 0))
+      return std::nullopt;
+    return std::string{PQgetvalue(res.get(), 0, 0)};
+  }
+
+ private:
+  std::unique_ptr<PGconn, decltype(&PQfinish)> conn_;
+};
+
+// ---- fixture ---------------------------------------------------------------------------------
+
+constexpr const char* k_unreachable = "postgresql://postgres@127.0.0.1:1/postgres";
+
+class cli_pg : public testing::Test {
+ protected:
+  void SetUp() override {
+    const char* dsn = std::getenv("TENURE_TEST_DSN");
+    // Never a skip: a run without the database must not look green.
+    ASSERT_TRUE(dsn != nullptr && *dsn != '\0') << "TENURE_TEST_DSN is not set. This test needs PostgreSQL: "
+                                                   "export TENURE_TEST_DSN=$(scripts/pg start)";
+    dsn_ = dsn;
+    schema_ = "cli_" + random_hex(12);
+    db_ = std::make_unique<pg>(dsn_);
+  }
+
+  void TearDown() override {
+    if (!db_) return;
+    db_->exec("DROP SCHEMA IF EXISTS " + schema_ + " CASCADE");
+    // The schema's grants went with it; the roles can go now.
+    for (const auto& role : roles_) db_->exec("DROP ROLE IF EXISTS " + role);
+  }
+
+  /// Runs `tenure --database-url <dsn> --schema <schema> args...`.
+  run_result tenure(std::vector<std::string> args) {
+    args.insert(args.begin(), {"--database-url", dsn_, "--schema", schema_});
+    return run_tenure(args);
+  }
+
+  void migrate() {
+    const auto r = tenure({"migrate"});
+    ASSERT_EQ(r.exit_code, 0) << r;
+  }
+
+  /// Enqueues and returns the printed id.
+  std::int64_t enqueue(std::vector<std::string> args) {
+    args.insert(args.begin(), "enqueue");
+    const auto r = tenure(args);
+    EXPECT_EQ(r.exit_code, 0) << r;
+    EXPECT_TRUE(std::regex_match(r.out, std::regex{"[0-9]+\n"})) << r;
+    return std::stoll(r.out);
+  }
+
+  nlohmann::json show(std::int64_t id) {
+    const auto r = tenure({"job", "show", std::to_string(id), "--json"});
+    EXPECT_EQ(r.exit_code, 0) << r;
+    return nlohmann::json::parse(r.out);
+  }
+
+  nlohmann::json status() {
+    const auto r = tenure({"status", "--json"});
+    EXPECT_EQ(r.exit_code, 0) << r;
+    EXPECT_EQ(r.err, "") << r;
+    return nlohmann::json::parse(r.out);
+  }
+
+  std::string create_role() {
+    const std::string role = "cli_role_" + random_hex(12);
+    db_->exec("CREATE ROLE " + role + " NOLOGIN");
+    roles_.push_back(role);
+    return role;
+  }
+
+  std::string dsn_;
+  std::string schema_;
+  std::unique_ptr<pg> db_;
+  std::vector<std::string> roles_;
+};
+
+// ---- migrate ---------------------------------------------------------------------------------
+
+TEST_F(cli_pg, migrate_then_migrate_again_is_a_no_op) {
+  auto first = tenure({"migrate"});
+  expect_success(first);
+  EXPECT_EQ(first.out, "schema " + schema_ + ": migrated from version 0 to 1\n");
+
+  auto second = tenure({"migrate"});
+  expect_success(second);  // in particular no server NOTICE leaking onto stderr
+  EXPECT_EQ(second.out, "schema " + schema_ + ": already at version 1\n");
+}
+
+TEST_F(cli_pg, environment_supplies_database_and_schema) {
+  auto r = run_tenure({"migrate"}, {{"DATABASE_URL", dsn_}, {"TENURE_SCHEMA", schema_}});
+  expect_success(r);
+  EXPECT_EQ(r.out, "schema " + schema_ + ": migrated from version 0 to 1\n");
+}
+
+// ---- enqueue and job show --------------------------------------------------------------------
+
+TEST_F(cli_pg, enqueue_and_job_show_round_trip) {
+  migrate();
+  const auto id = enqueue({"send_email", "--args", R"({"to":"a@example.com","n":3})", "--queue", "mail",
+                           "--priority", "1", "--max-attempts", "5"});
+
+  const auto job = show(id);
+  EXPECT_EQ(job["id"], id);
+  EXPECT_EQ(job["kind"], "send_email");
+  EXPECT_EQ(job["queue"], "mail");
+  EXPECT_EQ(job["state"], "available");
+  EXPECT_EQ(job["args"], nlohmann::json::parse(R"({"to":"a@example.com","n":3})"));
+  EXPECT_EQ(job["priority"], 1);
+  EXPECT_EQ(job["attempt"], 0);
+  EXPECT_EQ(job["max_attempts"], 5);
+  EXPECT_EQ(job["run_lease"], 0);
+  EXPECT_TRUE(job["finalized_at"].is_null());
+  EXPECT_TRUE(job["last_error"].is_null());
+  EXPECT_TRUE(job["progress"].is_null());
+  EXPECT_EQ(job["dead_lettered"], false);
+
+  const auto text = tenure({"job", "show", std::to_string(id)});
+  expect_success(text);
+  EXPECT_TRUE(text.out.starts_with("job " + std::to_string(id) + "\n")) << text;
+  for (const char* line : {R"(\n  kind +send_email\n)", R"(\n  state +available\n)", R"(\n  queue +mail\n)",
+                           R"(\n  args +\{"n": 3, "to": "a@example.com"\}\n)", R"(\n  max attempts +5\n)",
+                           R"(\n  finalized at +-\n)"}) {
+    EXPECT_TRUE(std::regex_search(text.out, std::regex{line})) << line << "\n" << text;
+  }
+}
+
+TEST_F(cli_pg, enqueue_in_the_future_is_scheduled) {
+  migrate();
+  const auto at = enqueue({"report", "--run-at", "2199-01-01T01:30:00+01:00"});
+  const auto later = enqueue({"report", "--delay", "3600"});
+  EXPECT_EQ(show(at)["state"], "scheduled");
+  EXPECT_EQ(show(at)["run_at"], "2199-01-01T00:30:00Z");
+  EXPECT_EQ(show(later)["state"], "scheduled");
+}
+
+TEST_F(cli_pg, bad_json_is_one_line_and_writes_nothing) {
+  migrate();
+  for (const char* bad : {R"({"to":)", "{'single': 1}", "[1, 2", ""}) {
+    auto r = tenure({"enqueue", "send_email", "--args", bad});
+    expect_one_error_line(r, 1, "--args is not valid JSON");
+    EXPECT_NE(r.err.find("line 1, column"), std::string::npos) << r;  // names the position
+  }
+  EXPECT_EQ(status()["total"]["total"], 0);
+}
+
+// ---- status ------------------------------------------------------------------------------------
+
+TEST_F(cli_pg, status_counts_per_queue_and_state) {
+  migrate();
+  const auto empty = tenure({"status"});
+  expect_success(empty);
+  EXPECT_EQ(empty.out, "no jobs in schema " + schema_ + "\n");
+  EXPECT_EQ(status()["total"]["total"], 0);
+
+  enqueue({"a"});
+  enqueue({"a"});
+  const auto doomed = enqueue({"a"});
+  enqueue({"b", "--queue", "mail"});
+  enqueue({"b", "--queue", "mail", "--delay", "3600"});
+  expect_success(tenure({"job", "cancel", std::to_string(doomed)}));
+
+  const auto s = status();
+  EXPECT_EQ(s["schema"], schema_);
+  EXPECT_EQ(s["queues"].size(), 2u);
+  const auto& d = s["queues"]["default"];
+  EXPECT_EQ(d["available"], 2);
+  EXPECT_EQ(d["cancelled"], 1);
+  EXPECT_EQ(d["scheduled"], 0);
+  EXPECT_EQ(d["total"], 3);
+  const auto& m = s["queues"]["mail"];
+  EXPECT_EQ(m["available"], 1);
+  EXPECT_EQ(m["scheduled"], 1);
+  EXPECT_EQ(m["cancelled"], 0);
+  EXPECT_EQ(m["total"], 2);
+  EXPECT_EQ(s["total"]["available"], 3);
+  EXPECT_EQ(s["total"]["scheduled"], 1);
+  EXPECT_EQ(s["total"]["cancelled"], 1);
+  EXPECT_EQ(s["total"]["running"], 0);
+  EXPECT_EQ(s["total"]["total"], 5);
+
+  // The table has a column per state that holds jobs, in lifecycle order, and a total.
+  const auto table = tenure({"status"});
+  expect_success(table);
+  EXPECT_TRUE(std::regex_search(table.out, std::regex{R"(^QUEUE +scheduled +available +cancelled +total\n)"}))
+      << table;
+  EXPECT_TRUE(std::regex_search(table.out, std::regex{R"(\ndefault +0 +2 +1 +3\n)"})) << table;
+  EXPECT_TRUE(std::regex_search(table.out, std::regex{R"(\nmail +1 +1 +0 +2\n)"})) << table;
+  EXPECT_TRUE(std::regex_search(table.out, std::regex{R"(\n\(all\) +1 +3 +1 +5\n)"})) << table;
+}
+
+// ---- job show / cancel / retry -----------------------------------------------------------------
+
+TEST_F(cli_pg, unknown_job_id_is_one_line) {
+  migrate();
+  for (const char* verb : {"show", "cancel", "retry"}) {
+    auto r = tenure({"job", verb, "424242"});
+    expect_one_error_line(r, 1, "job 424242 not found");
+    EXPECT_EQ(r.err, "tenure: job 424242 not found\n");
+  }
+}
+
+TEST_F(cli_pg, job_cancel_and_retry_say_what_happened) {
+  migrate();
+  const auto id = enqueue({"a"});
+  const auto name = "job " + std::to_string(id);
+
+  auto cancelled = tenure({"job", "cancel", std::to_string(id)});
+  expect_success(cancelled);
+  EXPECT_EQ(cancelled.out, name + " cancelled\n");
+  EXPECT_EQ(show(id)["state"], "cancelled");
+
+  auto again = tenure({"job", "cancel", std::to_string(id)});
+  expect_success(again);
+  EXPECT_EQ(again.out, name + " not cancelled: it already finished (cancelled)\n");
+
+  auto retried = tenure({"job", "retry", std::to_string(id)});
+  expect_success(retried);
+  EXPECT_EQ(retried.out, name + " will run again: available now, attempts reset\n");
+  EXPECT_EQ(show(id)["state"], "available");
+
+  auto not_finished = tenure({"job", "retry", std::to_string(id)});
+  expect_success(not_finished);
+  EXPECT_EQ(not_finished.out, name + " not retried: it has not finished (available)\n");
+}
+
+// ---- rescue ------------------------------------------------------------------------------------
+
+TEST_F(cli_pg, rescue_reports_what_it_rescued) {
+  migrate();
+  auto none = tenure({"rescue"});
+  expect_success(none);
+  EXPECT_EQ(none.out, "rescued 0 stale attempts\n");
+
+  const auto id = enqueue({"a"});
+  db_->exec("SELECT * FROM " + schema_ + ".claim('default', 1, 'gone-worker')");
+  auto one = tenure({"rescue", "--stale-after", "0"});
+  expect_success(one);
+  EXPECT_EQ(one.out, "rescued 1 stale attempt:\n  job " + std::to_string(id) +
+                         " (queue default, run lease 1) -> available\n");
+  EXPECT_EQ(show(id)["state"], "available");
+}
+
+// ---- grants ------------------------------------------------------------------------------------
+
+TEST_F(cli_pg, grant_finalizer_on_unknown_role_is_one_line) {
+  migrate();
+  const std::string role = "cli_no_such_role_" + random_hex(8);
+  expect_one_error_line(tenure({"grant-finalizer", role}), 1, "role \"" + role + "\" does not exist");
+}
+
+TEST_F(cli_pg, grant_finalizer_gives_complete_job_and_nothing_else) {
+  migrate();
+  const auto role = create_role();
+  auto r = tenure({"grant-finalizer", role});
+  expect_success(r);
+  EXPECT_EQ(r.out, "granted finalizer access on schema " + schema_ + " to role " + role + "\n");
+
+  auto has = [&](const std::string& check) { return db_->exec("SELECT " + check) == "t"; };
+  EXPECT_TRUE(
+      has("has_function_privilege('" + role + "', '" + schema_ + ".complete_job(text,jsonb)', 'EXECUTE')"));
+  EXPECT_FALSE(has("has_table_privilege('" + role + "', '" + schema_ + ".ready', 'SELECT')"));
+  EXPECT_FALSE(has("has_table_privilege('" + role + "', '" + schema_ + ".jobs', 'SELECT')"));
+  EXPECT_FALSE(has("has_function_privilege('" + role + "', '" + schema_ +
+                   ".enqueue(text,jsonb,text,int,timestamptz,int)', 'EXECUTE')"));
+}
+
+TEST_F(cli_pg, grant_worker_and_producer_succeed) {
+  migrate();
+  const auto role = create_role();
+  expect_success(tenure({"grant-worker", role}));
+  expect_success(tenure({"grant-producer", role}));
+  EXPECT_EQ(db_->exec("SELECT has_function_privilege('" + role + "', '" + schema_ +
+                      ".enqueue(text,jsonb,text,int,timestamptz,int)', 'EXECUTE')"),
+            "t");
+  EXPECT_EQ(db_->exec("SELECT has_table_privilege('" + role + "', '" + schema_ + ".jobs', 'SELECT')"), "t");
+}
+
+// ---- failures every command shares -------------------------------------------------------------
+
+/// One invocation of each database command, for the failure cases that apply to all of them.
+const std::vector<std::vector<std::string>> k_database_commands = {
+    {"status"},
+    {"enqueue", "a"},
+    {"job", "show", "1"},
+    {"job", "cancel", "1"},
+    {"job", "retry", "1"},
+    {"grant-finalizer", "postgres"},
+    {"rescue"},
+};
+
+TEST_F(cli_pg, unreachable_database_is_one_line) {
+  auto commands = k_database_commands;
+  commands.push_back({"migrate"});
+  for (auto args : commands) {
+    args.insert(args.begin(), {"--database-url", k_unreachable, "--schema", schema_});
+    auto r = run_tenure(args);
+    SCOPED_TRACE(args[4]);
+    expect_one_error_line(r, 1, "cannot connect to the database: ");
+    EXPECT_TRUE(r.err.starts_with("tenure: cannot connect to the database: ")) << r;
+  }
+}
+
+TEST_F(cli_pg, newer_schema_version_is_one_line_naming_it) {
+  migrate();
+  db_->exec("INSERT INTO " + schema_ + ".schema_version (version, name) VALUES (99, 'from the future')");
+  auto commands = k_database_commands;
+  commands.push_back({"migrate"});
+  for (const auto& args : commands) {
+    SCOPED_TRACE(args[0]);
+    auto r = tenure(args);
+    expect_one_error_line(r, 1, "version 99");
+    EXPECT_NE(r.err.find("upgrade tenure"), std::string::npos) << r;
+  }
+}
+
+TEST_F(cli_pg, not_migrated_schema_is_one_line_saying_run_migrate) {
+  for (const auto& args : k_database_commands) {
+    SCOPED_TRACE(args[0]);
+    expect_one_error_line(tenure(args), 1, "run tenure migrate");
+  }
+  // Nothing created the schema behind the user's back.
+  EXPECT_EQ(db_->exec("SELECT to_regnamespace('" + schema_ + "') IS NULL"), "t");
+}
+
+TEST_F(cli_pg, unexpected_database_error_is_one_line_with_the_server_message) {
+  migrate();
+  // The store reports only an error code; the server's sentence reaches the user through the
+  // adapter's log line, which the command folds into its one line.
+  db_->exec("CREATE FUNCTION " + schema_ +
+            ".boom() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$BEGIN RAISE EXCEPTION 'boom: disk on fire'; END$$");
+  db_->exec("CREATE TRIGGER boom BEFORE INSERT ON " + schema_ + ".ready FOR EACH ROW EXECUTE FUNCTION " +
+            schema_ + ".boom()");
+  auto r = tenure({"enqueue", "a"});
+  expect_one_error_line(r, 1, "cannot enqueue the job: unexpected database error");
+  EXPECT_NE(r.err.find("boom: disk on fire"), std::string::npos) << r;
+  EXPECT_EQ(r.err.find("CONTEXT"), std::string::npos) << r;
+}
+
+TEST_F(cli_pg, missing_database_is_a_usage_error) {
+  expect_one_error_line(run_tenure({"status"}), 2, "DATABASE_URL");
+}
+
+TEST_F(cli_pg, usage_errors_are_one_line_exit_2) {
+  const std::vector<std::vector<std::string>> cases = {
+      {},
+      {"frobnicate"},
+      {"enqueue"},
+      {"enqueue", "a", "--priority", "9"},
+      {"enqueue", "a", "--max-attempts", "0"},
+      {"enqueue", "a", "--run-at", "tomorrow"},
+      {"enqueue", "a", "--run-at", "2999-01-01T00:00:00Z"},  // beyond what time_point holds
+      {"enqueue", "a", "--delay", "1e30"},
+      {"enqueue", "a", "--run-at", "2030-01-01", "--delay", "5"},
+      {"job"},
+      {"job", "show", "abc"},
+      {"job", "show", "0"},
+      {"grant-finalizer"},
+      {"--schema", "Not-Valid", "status"},
+  };
+  for (auto args : cases) {
+    args.insert(args.begin(), {"--database-url", dsn_});
+    auto r = run_tenure(args);
+    SCOPED_TRACE(testing::PrintToString(args));
+    expect_one_error_line(r, 2, "tenure: ");
+  }
+}
+
+TEST_F(cli_pg, version_and_help_go_to_stdout) {
+  auto version = run_tenure({"--version"});
+  expect_success(version);
+  EXPECT_TRUE(
+      std::regex_match(version.out, std::regex{R"(tenure [0-9]+\.[0-9]+\.[0-9]+ \(schema version 1\)\n)"}))
+      << version;
+  auto help = run_tenure({"--help"});
+  expect_success(help);
+  for (const char* command : {"migrate", "enqueue", "status", "job", "grant-finalizer", "rescue"}) {
+    EXPECT_NE(help.out.find(command), std::string::npos) << command;
+  }
+}
+
+}  // namespace

@@ -1,0 +1,30 @@
+#pragma once
+/// \file
+/// The command table. Each command lives in its own cli/<name>.cpp and exposes one registration
+/// function that adds its CLI11 subcommand and, in the subcommand's parse callback, sets
+/// `ctx.run` to the work to do (so main() runs it after parsing, inside its error handling).
+///
+/// Adding a command (e.g. `tenure bench`): write cli/bench.cpp with `register_bench`, declare it
+/// here, add it to k_commands, and list the file in tools/CMakeLists.txt.
+#include <CLI/CLI.hpp>
+
+#include "cli/context.hpp"
+
+namespace tenure::cli {
+
+using registrar = void (*)(CLI::App& app, context& ctx);
+
+void register_migrate(CLI::App& app, context& ctx);
+void register_grants(CLI::App& app, context& ctx);
+void register_enqueue(CLI::App& app, context& ctx);
+void register_status(CLI::App& app, context& ctx);
+void register_job(CLI::App& app, context& ctx);
+void register_rescue(CLI::App& app, context& ctx);
+
+/// Every command, in the order `tenure --help` lists them.
+inline constexpr registrar k_commands[] = {
+    &register_migrate, &register_grants, &register_enqueue, &register_status,
+    &register_job,     &register_rescue,
+};
+
+}  // namespace tenure::cli

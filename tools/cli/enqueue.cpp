@@ -1,0 +1,110 @@
+// tenure enqueue KIND [--args JSON] [--queue Q] [--priority N] [--run-at TIME | --delay SECONDS]
+//                     [--max-attempts N]
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.hpp"
+#include "cli/time_text.hpp"
+
+namespace tenure::cli {
+namespace {
+
+/// A century: far enough for any delay, near enough that microseconds cannot overflow.
+constexpr double k_max_seconds = 100.0 * 365 * 24 * 3600;
+
+struct enqueue_options {
+  std::string kind;
+  std::string args = "{}";
+  std::string queue = "default";
+  int priority = k_default_priority;
+  std::string run_at;
+  double delay_seconds = -1;  ///< < 0: not given
+  int max_attempts = k_default_max_attempts;
+};
+
+/// Parses --args; a command_error naming the parse position otherwise.
+nlohmann::json parse_args(const std::string& text) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    // what() is "[json.exception.parse_error.101] parse error at line 1, column 6: ..."; the
+    // bracketed id means nothing to a user.
+    std::string message = e.what();
+    if (const auto end = message.find("] ");
+        message.starts_with("[json.exception") && end != std::string::npos) {
+      message.erase(0, end + 2);
+    }
+    throw command_error("--args is not valid JSON: " + message);
+  }
+}
+
+std::optional<time_point> run_at_of(const enqueue_options& o) {
+  if (!o.run_at.empty()) {
+    return parse_iso8601(o.run_at);  // checked while parsing the command line
+  }
+  if (o.delay_seconds > 0) {
+    const auto delay = std::chrono::microseconds{std::llround(o.delay_seconds * 1e6)};
+    return std::chrono::time_point_cast<clock_type::duration>(clock_type::now() + delay);
+  }
+  return std::nullopt;
+}
+
+int run_enqueue(const context& ctx, const enqueue_options& o) {
+  // Everything the user typed is checked before the database is touched: a bad job writes
+  // nothing.
+  new_job job;
+  job.kind = o.kind;
+  job.args = parse_args(o.args);
+  job.queue = o.queue;
+  job.priority = o.priority;
+  job.run_at = run_at_of(o);
+  job.max_attempts = o.max_attempts;
+  if (!validate(job)) {
+    throw command_error("invalid job: KIND must be 1.." + std::to_string(k_max_kind_size) +
+                        " characters and --queue 1.." + std::to_string(k_max_queue_size) +
+                        ", without control characters");
+  }
+
+  auto store = open_store(ctx);
+  auto id = store->enqueue(job);
+  if (!id) throw adapter_error("cannot enqueue the job", id.error());
+  std::cout << id.value() << '\n';  // only the id: `id=$(tenure enqueue ...)` must just work
+  return k_exit_ok;
+}
+
+}  // namespace
+
+void register_enqueue(CLI::App& app, context& ctx) {
+  auto o = std::make_shared<enqueue_options>();
+  auto* cmd = app.add_subcommand("enqueue", "Enqueue one job and print its id");
+  cmd->add_option("KIND", o->kind, "The job kind (what handler runs it)")->required();
+  cmd->add_option("--args", o->args, "Job arguments as JSON")->capture_default_str();
+  cmd->add_option("--queue", o->queue, "Queue name")->capture_default_str();
+  cmd->add_option("--priority", o->priority, "1 (highest) .. 4 (lowest)")
+      ->check(CLI::Range(k_min_priority, k_max_priority))
+      ->capture_default_str();
+  auto* run_at = cmd->add_option("--run-at", o->run_at,
+                                 "Run no earlier than this ISO 8601 time (UTC unless it has an offset)")
+                     ->type_name("TIME")
+                     ->check(
+                         [](const std::string& text) -> std::string {
+                           if (parse_iso8601(text)) return {};
+                           return "not an ISO 8601 time before 2262 (e.g. 2030-01-31T08:00:00Z or 2030-01-31 "
+                                  "09:00+01:00)";
+                         },
+                         "ISO 8601");
+  auto* delay = cmd->add_option("--delay", o->delay_seconds, "Run no earlier than SECONDS from now")
+                    ->type_name("SECONDS")
+                    ->check(CLI::Range(0.0, k_max_seconds));
+  run_at->excludes(delay);
+  cmd->add_option("--max-attempts", o->max_attempts, "Executions before the job fails for good")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->callback([&ctx, o] { ctx.run = [&ctx, o] { return run_enqueue(ctx, *o); }; });
+}
+
+}  // namespace tenure::cli

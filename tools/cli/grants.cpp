@@ -1,0 +1,52 @@
+// tenure grant-finalizer|grant-worker|grant-producer ROLE: give an existing role its slice.
+#include <iostream>
+#include <memory>
+
+#include "cli/commands.hpp"
+#include "tenure/postgres/schema.hpp"
+
+namespace tenure::cli {
+namespace {
+
+struct grant_command {
+  const char* name;
+  postgres::grant_kind kind;
+  const char* label;
+  const char* help;
+};
+
+constexpr grant_command k_grants[] = {
+    {"grant-finalizer", postgres::grant_kind::finalizer, "finalizer",
+     "Let ROLE finalize attempts in its own transactions: EXECUTE on complete_job only"},
+    {"grant-worker", postgres::grant_kind::worker, "worker",
+     "Let ROLE run workers: every worker function and SELECT on the jobs view"},
+    {"grant-producer", postgres::grant_kind::producer, "producer",
+     "Let ROLE enqueue jobs: EXECUTE on enqueue and enqueue_batch"},
+};
+
+int run_grant(const context& ctx, const grant_command& g, const std::string& role) {
+  // The adapter checks the version too, but tells a newer schema to "run tenure migrate";
+  // this check says "upgrade tenure" instead.
+  require_current_schema(ctx);
+  std::string detail;
+  auto granted = postgres::grant(ctx.dsn(), g.kind, role, ctx.schema, &detail);
+  if (!granted) {
+    throw adapter_error("cannot grant " + std::string{g.label} + " access to role \"" + role + "\"",
+                        granted.error(), std::move(detail));
+  }
+  std::cout << "granted " << g.label << " access on schema " << ctx.schema << " to role " << role << '\n';
+  return k_exit_ok;
+}
+
+}  // namespace
+
+void register_grants(CLI::App& app, context& ctx) {
+  for (const auto& g : k_grants) {
+    auto* cmd = app.add_subcommand(g.name, g.help);
+    auto role = std::make_shared<std::string>();
+    cmd->add_option("ROLE", *role, "An existing database role")->required();
+    cmd->callback([&ctx, &g, role] { ctx.run = [&ctx, &g, role] { return run_grant(ctx, g, *role); }; });
+  }
+}
+
+}  // namespace tenure::cli

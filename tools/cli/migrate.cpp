@@ -1,0 +1,32 @@
+// tenure migrate: install or upgrade the schema.
+#include <iostream>
+
+#include "cli/commands.hpp"
+#include "tenure/postgres/schema.hpp"
+
+namespace tenure::cli {
+namespace {
+
+int run_migrate(const context& ctx) {
+  std::string detail;
+  auto before = postgres::migrate(ctx.dsn(), ctx.schema, &detail);
+  if (!before) throw adapter_error("cannot migrate schema " + ctx.schema, before.error(), std::move(detail));
+  const int known = postgres::known_schema_version();
+  if (before.value() == known) {
+    std::cout << "schema " << ctx.schema << ": already at version " << known << '\n';
+  } else {
+    std::cout << "schema " << ctx.schema << ": migrated from version " << before.value() << " to " << known
+              << '\n';
+  }
+  return k_exit_ok;
+}
+
+}  // namespace
+
+void register_migrate(CLI::App& app, context& ctx) {
+  auto* cmd = app.add_subcommand(
+      "migrate", "Install or upgrade tenure's schema (idempotent; concurrent runs serialize)");
+  cmd->callback([&ctx] { ctx.run = [&ctx] { return run_migrate(ctx); }; });
+}
+
+}  // namespace tenure::cli

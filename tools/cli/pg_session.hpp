@@ -1,0 +1,34 @@
+#pragma once
+/// \file
+/// A bare libpq connection for the few read queries the storage port has no reason to offer
+/// (e.g. status counts over the jobs view). Failures throw command_error.
+#include <optional>
+#include <string>
+#include <vector>
+
+struct pg_conn;
+
+namespace tenure::cli {
+
+class pg_session {
+ public:
+  using row = std::vector<std::optional<std::string>>;  ///< text values; nullopt = NULL
+
+  /// Connects; command_error "cannot connect to the database: ..." when it cannot.
+  explicit pg_session(const std::string& dsn);
+  ~pg_session();
+  pg_session(const pg_session&) = delete;
+  pg_session& operator=(const pg_session&) = delete;
+
+  /// Runs one read-only statement with text parameters; `what` starts the error line.
+  std::vector<row> query(const std::string& sql, const std::vector<std::string>& params,
+                         const std::string& what);
+
+  /// A safely quoted SQL identifier.
+  std::string quote_ident(const std::string& name) const;
+
+ private:
+  pg_conn* conn_ = nullptr;
+};
+
+}  // namespace tenure::cli
