@@ -85,11 +85,18 @@ class storage_port {
   // ---- workers ----------------------------------------------------------------------------
   /// Claims up to `max_jobs` available jobs of `queue` (priority, then FIFO), advancing each
   /// one's run lease by one and its attempt count by one. Due scheduled/retryable jobs of the
-  /// queue are promoted first. Concurrent callers never receive the same job. A non-empty
-  /// `worker` also registers the caller as idle after an empty claim (and unregisters it after a
-  /// non-empty one), so producers NOTIFY only while some worker waits.
+  /// queue are promoted first. Concurrent callers never receive the same job.
   virtual result<std::vector<claimed_attempt>> claim(std::string_view queue, int max_jobs,
                                                      std::string_view worker) = 0;
+  /// The same claim, plus the wake-up bookkeeping of a named worker: a non-empty claim removes
+  /// the worker from the queue's waiters; an empty claim with `going_to_sleep` adds it, so
+  /// producers pay for a NOTIFY only while some worker sleeps. Stores without a wake-up channel
+  /// ignore the bookkeeping (this default).
+  virtual result<std::vector<claimed_attempt>> claim(std::string_view queue, int max_jobs,
+                                                     std::string_view worker, bool going_to_sleep) {
+    (void)going_to_sleep;
+    return claim(queue, max_jobs, worker);
+  }
   /// Records a heartbeat for every attempt in one statement; returns the attempts that were live
   /// (the others are stale). `progress[i]`, when set, is flushed with attempt i.
   virtual result<std::vector<attempt_id>> heartbeat(

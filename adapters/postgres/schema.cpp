@@ -144,7 +144,7 @@ result<void> grant(std::string_view dsn, grant_kind kind, std::string_view role,
       break;
     case grant_kind::worker:
       functions = {"claim(text, int, text)",
-                   "claim_attempts(text, int, text, boolean)",
+                   "claim_attempts(text, int, text, text)",
                    "heartbeat(text)",
                    "heartbeat_batch(bigint[], bigint[], jsonb[])",
                    "complete_job(text, jsonb)",

@@ -29,7 +29,7 @@ struct statements {
                           "$5::timestamptz[], $6::int[]) ORDER BY ord"},
         claim{"tenure_claim", "SELECT job_id, run_lease, kind, args::text, attempt, max_attempts, " +
                                   epoch_us("deadline_at") + " FROM " + s +
-                                  ".claim_attempts($1, $2::int, $3, $4::boolean)"},
+                                  ".claim_attempts($1, $2::int, $3, $4)"},
         heartbeat{"tenure_heartbeat", "SELECT job_id, run_lease FROM " + s +
                                           ".heartbeat_batch($1::bigint[], $2::bigint[], $3::jsonb[])"},
         complete{"tenure_complete", "SELECT job_id, run_lease, " + epoch_us("completed_at") + " FROM " +
@@ -199,12 +199,18 @@ result<std::vector<std::int64_t>> store::enqueue_batch(std::span<const new_job> 
 
 result<std::vector<claimed_attempt>> store::claim(std::string_view queue, int max_jobs,
                                                   std::string_view worker) {
+  return claim(queue, max_jobs, worker, false);
+}
+
+result<std::vector<claimed_attempt>> store::claim(std::string_view queue, int max_jobs, std::string_view worker,
+                                                  bool going_to_sleep) {
   if (max_jobs < 1) return errc::invalid_argument;
+  // idle_mode: NULL = no bookkeeping (anonymous claim), 'poll' = leave the waiters on a
+  // non-empty claim, 'sleep' = also join them on an empty one.
+  param mode = worker.empty() ? param{} : param{going_to_sleep ? "sleep" : "poll"};
   TENURE_TRY(auto rows, impl_->run(impl_->st.claim,
-                                   {text(queue), number(max_jobs),
-                                    worker.empty() ? std::nullopt : text(worker),
-                                    // A named worker takes part in the NOTIFY-on-demand wake-up.
-                                    worker.empty() ? "false" : "true"},
+                                   {text(queue), number(max_jobs), worker.empty() ? std::nullopt : text(worker),
+                                    std::move(mode)},
                                    effect::write));
   std::vector<claimed_attempt> out;
   out.reserve(static_cast<std::size_t>(rows.size()));

@@ -85,9 +85,12 @@ CREATE TABLE @schema@.attempt_state (
   run_lease    bigint      NOT NULL,
   heartbeat_at timestamptz NOT NULL,
   progress     jsonb,
-  PRIMARY KEY (job_id, run_lease),
-  FOREIGN KEY (job_id, run_lease) REFERENCES @schema@.receipts (job_id, run_lease) ON DELETE CASCADE
+  PRIMARY KEY (job_id, run_lease)
 );
+-- No foreign key to receipts: a closed attempt's row is simply no longer reachable (every reader
+-- joins through receipts, and a run lease is never reused), and the maintenance pass sweeps
+-- such rows in one statement. This keeps completion free of per-row trigger work and of lock
+-- ordering between heartbeat and completion batches.
 
 CREATE TABLE @schema@.done (
   id           bigint      PRIMARY KEY,
@@ -350,18 +353,23 @@ BEGIN
     FROM moved;
   GET DIAGNOSTICS n = ROW_COUNT;
   IF promote_due.queue IS NULL THEN
-    -- Maintenance pass: forget idle registrations nobody refreshed (their worker is gone).
+    -- Maintenance pass: forget idle registrations nobody refreshed (their worker is gone), and
+    -- sweep the materialized state of attempts that are closed.
     DELETE FROM @schema@.waiters w WHERE w.since < now() - interval '5 minutes';
+    DELETE FROM @schema@.attempt_state s
+     WHERE NOT EXISTS (SELECT 1 FROM @schema@.receipts r
+                        WHERE r.job_id = s.job_id AND r.run_lease = s.run_lease);
   END IF;
   RETURN n;
 END $$;
 
 -- The claim with every column the runtime needs. `claim` below is the public projection.
--- With register_idle, the calling worker's row in `waiters` follows the result: an empty claim
--- registers it (refreshed at most once a minute), a non-empty one removes it, all in the same
--- transaction, so the wake-up bookkeeping costs no extra round trip.
+-- idle_mode does the calling worker's wake-up bookkeeping in the same transaction (no extra
+-- round trip): 'poll' removes the worker from `waiters` when the claim found jobs; 'sleep' does
+-- that too and adds it (refreshed at most once a minute) when the claim found none. A worker
+-- passes 'sleep' only before it stops polling eagerly, so producers NOTIFY only then.
 CREATE FUNCTION @schema@.claim_attempts(queue text, max_jobs int DEFAULT 1, worker text DEFAULT NULL,
-                                        register_idle boolean DEFAULT false)
+                                        idle_mode text DEFAULT NULL)
 RETURNS TABLE(job_id bigint, run_lease bigint, kind text, args jsonb, attempt int, max_attempts int,
               deadline_at timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -399,11 +407,11 @@ BEGIN
   SELECT o.job_id, o.run_lease, o.kind, o.args, o.attempt, o.max_attempts, o.deadline_at
     FROM opened o ORDER BY o.priority, o.job_id;
   GET DIAGNOSTICS n = ROW_COUNT;
-  IF claim_attempts.register_idle AND claim_attempts.worker IS NOT NULL THEN
-    IF n = 0 THEN
+  IF claim_attempts.idle_mode IS NOT NULL AND claim_attempts.worker IS NOT NULL THEN
+    IF n = 0 AND claim_attempts.idle_mode = 'sleep' THEN
       INSERT INTO @schema@.waiters AS w (queue, worker) VALUES (claim_attempts.queue, claim_attempts.worker)
       ON CONFLICT (queue, worker) DO UPDATE SET since = now() WHERE w.since < now() - interval '1 minute';
-    ELSE
+    ELSIF n > 0 THEN
       DELETE FROM @schema@.waiters w WHERE w.queue = claim_attempts.queue AND w.worker = claim_attempts.worker;
     END IF;
   END IF;
@@ -413,12 +421,12 @@ CREATE FUNCTION @schema@.claim(queue text, max_jobs int DEFAULT 1, worker text D
 RETURNS TABLE(job_id bigint, run_lease bigint, kind text, args jsonb, attempt int, token text)
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
   SELECT c.job_id, c.run_lease, c.kind, c.args, c.attempt, @schema@.make_token(c.job_id, c.run_lease)
-    FROM @schema@.claim_attempts($1, $2, $3, false) c
+    FROM @schema@.claim_attempts($1, $2, $3, NULL) c
 $$;
 
 -- Heartbeats (and optional progress) for many attempts in one statement. Returns the live ones;
--- an attempt missing from the result is stale. Locks receipts in job_id order (as complete does)
--- so concurrent heartbeat and completion batches cannot deadlock.
+-- an attempt missing from the result is stale. Takes no lock on receipts, so it never waits for
+-- (or deadlocks with) a completion, rescue or caller transaction.
 CREATE FUNCTION @schema@.heartbeat_batch(job_ids bigint[], run_leases bigint[],
                                          progress jsonb[] DEFAULT NULL)
 RETURNS TABLE(job_id bigint, run_lease bigint)
@@ -435,14 +443,11 @@ BEGIN
     SELECT DISTINCT ON (u.job_id, u.run_lease) u.job_id, u.run_lease, u.progress
       FROM unnest(job_ids, run_leases, heartbeat_batch.progress) AS u(job_id, run_lease, progress)
      ORDER BY u.job_id, u.run_lease, u.progress IS NULL
-  ), live AS (
-    SELECT r.job_id, r.run_lease, i.progress
-      FROM @schema@.receipts r JOIN input i ON i.job_id = r.job_id AND i.run_lease = r.run_lease
-     ORDER BY r.job_id
-       FOR KEY SHARE OF r
   )
   INSERT INTO @schema@.attempt_state AS s (job_id, run_lease, heartbeat_at, progress)
-  SELECT l.job_id, l.run_lease, now(), l.progress FROM live l
+  SELECT r.job_id, r.run_lease, now(), i.progress
+    FROM @schema@.receipts r JOIN input i ON i.job_id = r.job_id AND i.run_lease = r.run_lease
+   ORDER BY r.job_id
   ON CONFLICT (job_id, run_lease) DO UPDATE
     SET heartbeat_at = excluded.heartbeat_at, progress = coalesce(excluded.progress, s.progress)
   RETURNING s.job_id, s.run_lease;
@@ -458,8 +463,9 @@ BEGIN
 END $$;
 
 -- Completes many attempts in one guarded statement. Returns the applied ones; an attempt missing
--- from the result was stale. Rows are locked in job_id order; rescue uses SKIP LOCKED, so a
--- completion and a rescue of the same attempt serialize on the receipt row and exactly one wins.
+-- from the result was stale. The DELETE locks each receipt row: a completion and a rescue (or
+-- cancel, or fail) of the same attempt serialize on it and exactly one of them wins; the loser
+-- finds the row gone and matches nothing.
 CREATE FUNCTION @schema@.complete_batch(job_ids bigint[], run_leases bigint[],
                                         progress jsonb[] DEFAULT NULL)
 RETURNS TABLE(job_id bigint, run_lease bigint, completed_at timestamptz)
@@ -476,23 +482,17 @@ BEGIN
     SELECT DISTINCT ON (u.job_id, u.run_lease) u.job_id, u.run_lease, u.progress
       FROM unnest(job_ids, run_leases, complete_batch.progress) AS u(job_id, run_lease, progress)
      ORDER BY u.job_id, u.run_lease, u.progress IS NULL
-  ), locked AS (
-    SELECT r.job_id, r.run_lease
-      FROM @schema@.receipts r JOIN input i ON i.job_id = r.job_id AND i.run_lease = r.run_lease
-     ORDER BY r.job_id
-       FOR UPDATE OF r
   ), closed AS (
-    DELETE FROM @schema@.receipts r USING locked l
-     WHERE r.job_id = l.job_id AND r.run_lease = l.run_lease
-    RETURNING r.*
+    DELETE FROM @schema@.receipts r USING input i
+     WHERE r.job_id = i.job_id AND r.run_lease = i.run_lease
+    RETURNING r.*, i.progress AS final_progress
   )
   INSERT INTO @schema@.done (id, queue, kind, args, state, priority, attempt, max_attempts,
                              run_lease, run_at, created_at, finalized_at, last_error, progress)
   SELECT c.job_id, c.queue, c.kind, c.args, 'completed', c.priority, c.attempt, c.max_attempts,
          c.run_lease, c.run_at, c.created_at, now(), c.last_error,
-         coalesce(i.progress, s.progress, c.progress)
+         coalesce(c.final_progress, s.progress, c.progress)
     FROM closed c
-    JOIN input i ON i.job_id = c.job_id AND i.run_lease = c.run_lease
     LEFT JOIN @schema@.attempt_state s ON s.job_id = c.job_id AND s.run_lease = c.run_lease
   RETURNING id, run_lease, finalized_at;
 END $$;

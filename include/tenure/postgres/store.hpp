@@ -34,6 +34,8 @@ class store final : public sdk::storage_port {
   result<std::vector<std::int64_t>> enqueue_batch(std::span<const new_job> jobs) override;
   result<std::vector<claimed_attempt>> claim(std::string_view queue, int max_jobs,
                                              std::string_view worker) override;
+  result<std::vector<claimed_attempt>> claim(std::string_view queue, int max_jobs, std::string_view worker,
+                                             bool going_to_sleep) override;
   result<std::vector<attempt_id>> heartbeat(
       std::span<const attempt_id> attempts,
       std::span<const std::optional<std::string>> progress = {}) override;

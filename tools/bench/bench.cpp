@@ -1,0 +1,360 @@
+#include "bench/bench.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <stdexcept>
+#include <thread>
+#include <unordered_map>
+
+#include "cli/pg_session.hpp"
+#include "tenure/postgres/runtime.hpp"
+#include "tenure/postgres/schema.hpp"
+#include "tenure/postgres/store.hpp"
+
+namespace tenure::bench {
+namespace {
+
+using namespace std::chrono_literals;
+using clock = std::chrono::steady_clock;
+using cli::pg_session;
+
+constexpr const char* k_queue = "bench";
+
+double seconds_since(clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); }
+
+double peak_rss_mb() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return 0;
+}
+
+std::string random_hex() {
+  std::mt19937_64 rng{std::random_device{}()};
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  auto v = rng();
+  for (int i = 0; i < 8; ++i, v >>= 4) s += hex[v & 0xf];
+  return s;
+}
+
+/// WAL position and committed transactions of this database, read after a stats snapshot reset.
+/// Backends flush their counters when they exit, so every measured phase closes its
+/// connections before the reading that ends it.
+struct db_counters {
+  double wal_bytes = 0;
+  double commits = 0;
+};
+
+db_counters read_counters(pg_session& s) {
+  s.query("SELECT pg_stat_clear_snapshot()", {}, "bench: stats");
+  auto rows = s.query(
+      "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8, xact_commit::float8 "
+      "FROM pg_stat_database WHERE datname = current_database()",
+      {}, "bench: counters");
+  return {std::stod(*rows.at(0).at(0)), std::stod(*rows.at(0).at(1))};
+}
+
+/// Lets exited backends publish their stats before a reading.
+void settle() { std::this_thread::sleep_for(600ms); }
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const auto idx = static_cast<std::size_t>(std::min<double>(v.size() - 1, std::ceil(p * v.size()) - 1));
+  return v[idx];
+}
+
+std::shared_ptr<postgres::store> open_store(const std::string& dsn, const std::string& schema, int pool = 4) {
+  std::string why;
+  auto st = postgres::store::open({.dsn = dsn, .schema = schema, .pool_size = pool}, &why);
+  if (!st) throw std::runtime_error("bench: cannot open the store: " + why);
+  return std::shared_ptr<postgres::store>(std::move(st).value());
+}
+
+/// Enqueues `n` no-op jobs in batches of one statement each; returns jobs per second.
+double enqueue_batches(const std::string& dsn, const std::string& schema, int n) {
+  auto store = open_store(dsn, schema, 1);
+  const auto t0 = clock::now();
+  std::vector<new_job> chunk;
+  for (int done = 0; done < n;) {
+    const int k = std::min(5'000, n - done);
+    chunk.assign(static_cast<std::size_t>(k), new_job{.kind = "noop", .queue = k_queue});
+    auto ids = store->enqueue_batch(chunk);
+    if (!ids) throw std::runtime_error("bench: enqueue failed: " + ids.error().message());
+    done += k;
+  }
+  return n / seconds_since(t0);
+}
+
+runtime_config drain_config() {
+  runtime_config c;
+  c.queues = {{.name = k_queue, .max_concurrency = 2'048}};
+  c.handler_threads = 2;
+  c.claim_batch = 1'000;
+  c.completion_batch = 2'000;
+  c.flush_delay = 2ms;
+  c.heartbeat_interval = 5s;
+  c.poll_interval = 1s;
+  c.maintenance_interval = 1s;
+  return c;
+}
+
+std::unique_ptr<runtime> make_runtime(const std::string& dsn, const std::string& schema, runtime_config cfg) {
+  std::string why;
+  auto rt = postgres::make_runtime({.dsn = dsn, .schema = schema, .pool_size = 4, .runtime = std::move(cfg)}, &why);
+  if (!rt) throw std::runtime_error("bench: cannot create the runtime: " + why);
+  return std::move(rt).value();
+}
+
+void wait_for(const std::function<bool()>& done, std::chrono::seconds limit, const char* what) {
+  const auto until = clock::now() + limit;
+  while (!done()) {
+    if (clock::now() > until) throw std::runtime_error(std::string{"bench: timed out waiting for "} + what);
+    std::this_thread::sleep_for(200us);
+  }
+}
+
+/// Low-load pickup: one job at a time into an idle worker; from the enqueue's COMMIT returning
+/// to the handler starting.
+std::vector<double> pickup_latencies(const std::string& dsn, const std::string& schema, runtime& rt,
+                                     std::atomic<std::int64_t>& last_start_ns, std::atomic<std::int64_t>& last_job,
+                                     int samples) {
+  pg_session producer(dsn);
+  std::vector<double> out;
+  std::mt19937 rng{42};
+  for (int i = 0; i < samples; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30 + rng() % 30));  // an idle worker
+    auto rows = producer.query("SELECT " + schema + ".enqueue('noop', '{}', '" + k_queue + "')", {}, "bench: enqueue");
+    const auto committed = clock::now();
+    const auto id = std::stoll(*rows.at(0).at(0));
+    wait_for([&] { return last_job.load() == id; }, 30s, "a pickup");
+    const auto started = clock::time_point{clock::duration{last_start_ns.load()}};
+    out.push_back(std::max(0.0, std::chrono::duration<double, std::milli>(started - committed).count()));
+  }
+  (void)rt;
+  return out;
+}
+
+nlohmann::json run_runtime(const options& o, const std::string& schema) {
+  pg_session admin(o.dsn);
+  const double enqueue_rate = enqueue_batches(o.dsn, schema, o.jobs);
+  settle();
+  const auto before = read_counters(admin);
+
+  auto rt = make_runtime(o.dsn, schema, drain_config());
+  std::atomic<std::int64_t> last_start_ns{0}, last_job{0};
+  rt->handle("noop", [&](job_context& ctx) {
+    last_start_ns = clock::now().time_since_epoch().count();
+    last_job = ctx.job_id();
+    return job_outcome::completed();
+  });
+  const auto t0 = clock::now();
+  if (!rt->start()) throw std::runtime_error("bench: runtime did not start");
+  wait_for([&] { return rt->metrics().completed >= static_cast<std::uint64_t>(o.jobs); }, 600s, "the drain");
+  const double drain_s = seconds_since(t0);
+  const auto drained = rt->metrics();
+  rt->stop();
+  rt.reset();
+  settle();
+  const auto after = read_counters(admin);
+
+  // Pickup latency at low load, with a fresh runtime whose worker is idle.
+  auto idle_rt = make_runtime(o.dsn, schema, drain_config());
+  idle_rt->handle("noop", [&](job_context& ctx) {
+    last_start_ns = clock::now().time_since_epoch().count();
+    last_job = ctx.job_id();
+    return job_outcome::completed();
+  });
+  if (!idle_rt->start()) throw std::runtime_error("bench: runtime did not start");
+  auto lat = pickup_latencies(o.dsn, schema, *idle_rt, last_start_ns, last_job, o.pickup_samples);
+  idle_rt->stop();
+
+  return {{"scenario", "runtime"},
+          {"jobs", o.jobs},
+          {"enqueue_jobs_per_s", std::round(enqueue_rate)},
+          {"drain_jobs_per_s", std::round(o.jobs / drain_s)},
+          {"pickup_p50_ms", percentile(lat, 0.50)},
+          {"pickup_p95_ms", percentile(lat, 0.95)},
+          {"pickup_p99_ms", percentile(lat, 0.99)},
+          {"wal_bytes_per_job", std::round((after.wal_bytes - before.wal_bytes) / o.jobs)},
+          {"commits_per_job", (after.commits - before.commits) / o.jobs},
+          {"claims", drained.claims},
+          {"flushes", drained.flushes},
+          {"flush_max_size", drained.flush_max_size},
+          {"peak_rss_mb", std::round(peak_rss_mb() * 10) / 10}};
+}
+
+/// The leanest plain-SQL loop on the same schema: claim 100, complete them with one guarded
+/// statement, repeat, on several connections at once.
+nlohmann::json run_sql_limit(const options& o, const std::string& schema) {
+  pg_session admin(o.dsn);
+  const double enqueue_rate = enqueue_batches(o.dsn, schema, o.jobs);
+  settle();
+  const auto before = read_counters(admin);
+  std::atomic<long> done{0};
+  std::vector<std::thread> threads;
+  std::mutex err_mu;
+  std::string error;
+  const auto t0 = clock::now();
+  for (int w = 0; w < o.workers; ++w) {
+    threads.emplace_back([&] {
+      try {
+        pg_session s(o.dsn);
+        for (;;) {
+          auto rows = s.query("SELECT job_id, run_lease FROM " + schema + ".claim_attempts('" + k_queue +
+                                  "', 100, NULL, NULL)",
+                              {}, "bench: claim");
+          if (rows.empty()) break;
+          std::string ids = "{", leases = "{";
+          for (std::size_t i = 0; i < rows.size(); ++i) {
+            if (i) {
+              ids += ',';
+              leases += ',';
+            }
+            ids += *rows[i][0];
+            leases += *rows[i][1];
+          }
+          ids += '}';
+          leases += '}';
+          auto c = s.query("SELECT count(*) FROM " + schema + ".complete_batch($1::bigint[], $2::bigint[])",
+                           {ids, leases}, "bench: complete");
+          done += std::stol(*c.at(0).at(0));
+        }
+      } catch (const std::exception& e) {
+        std::lock_guard lock(err_mu);
+        error = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (!error.empty()) throw std::runtime_error(error);
+  const double drain_s = seconds_since(t0);
+  settle();
+  const auto after = read_counters(admin);
+  return {{"scenario", "sql-limit"},
+          {"jobs", o.jobs},
+          {"completed", done.load()},
+          {"enqueue_jobs_per_s", std::round(enqueue_rate)},
+          {"drain_jobs_per_s", std::round(o.jobs / drain_s)},
+          {"pickup_p50_ms", nullptr},
+          {"pickup_p95_ms", nullptr},
+          {"pickup_p99_ms", nullptr},
+          {"wal_bytes_per_job", std::round((after.wal_bytes - before.wal_bytes) / o.jobs)},
+          {"commits_per_job", (after.commits - before.commits) / o.jobs},
+          {"peak_rss_mb", std::round(peak_rss_mb() * 10) / 10}};
+}
+
+/// What web backends do on every request: BEGIN, a business insert, enqueue, COMMIT; with a
+/// runtime draining concurrently.
+nlohmann::json run_enqueue_single(const options& o, const std::string& schema) {
+  pg_session admin(o.dsn);
+  admin.query("CREATE TABLE " + schema + ".business (id bigserial PRIMARY KEY, note text)", {}, "bench: setup");
+  std::mutex mu;
+  std::unordered_map<std::int64_t, clock::time_point> committed, started;
+  auto rt = make_runtime(o.dsn, schema, drain_config());
+  rt->handle("noop", [&](job_context& ctx) {
+    const auto now = clock::now();
+    std::lock_guard lock(mu);
+    started.emplace(ctx.job_id(), now);
+    return job_outcome::completed();
+  });
+  if (!rt->start()) throw std::runtime_error("bench: runtime did not start");
+  std::this_thread::sleep_for(200ms);
+
+  std::atomic<bool> stop{false};
+  std::atomic<long> total{0};
+  std::string error;
+  std::vector<std::thread> producers;
+  const auto t0 = clock::now();
+  for (int p = 0; p < o.producers; ++p) {
+    producers.emplace_back([&] {
+      try {
+        pg_session s(o.dsn);
+        const std::string insert = "INSERT INTO " + schema + ".business (note) VALUES ('order')";
+        const std::string enqueue = "SELECT " + schema + ".enqueue('noop', '{}', '" + k_queue + "')";
+        while (!stop.load()) {
+          s.query("BEGIN", {}, "bench: begin");
+          s.query(insert, {}, "bench: insert");
+          auto id = std::stoll(*s.query(enqueue, {}, "bench: enqueue").at(0).at(0));
+          s.query("COMMIT", {}, "bench: commit");
+          const auto now = clock::now();
+          ++total;
+          std::lock_guard lock(mu);
+          committed.emplace(id, now);
+        }
+      } catch (const std::exception& e) {
+        std::lock_guard lock(mu);
+        error = e.what();
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::duration<double>(o.seconds));
+  stop = true;
+  for (auto& t : producers) t.join();
+  const double produce_s = seconds_since(t0);
+  if (!error.empty()) throw std::runtime_error(error);
+  wait_for([&] { return rt->metrics().completed >= static_cast<std::uint64_t>(total.load()); }, 120s, "the drain");
+  rt->stop();
+  std::vector<double> lat;
+  {
+    std::lock_guard lock(mu);
+    for (const auto& [id, c] : committed) {
+      if (auto it = started.find(id); it != started.end()) {
+        lat.push_back(std::max(0.0, std::chrono::duration<double, std::milli>(it->second - c).count()));
+      }
+    }
+  }
+  return {{"scenario", "enqueue-single"},
+          {"producers", o.producers},
+          {"jobs", total.load()},
+          {"enqueue_jobs_per_s", std::round(total.load() / produce_s)},
+          {"drain_jobs_per_s", nullptr},
+          {"pickup_p50_ms", percentile(lat, 0.50)},
+          {"pickup_p95_ms", percentile(lat, 0.95)},
+          {"pickup_p99_ms", percentile(lat, 0.99)},
+          {"wal_bytes_per_job", nullptr},
+          {"commits_per_job", nullptr},
+          {"peak_rss_mb", std::round(peak_rss_mb() * 10) / 10}};
+}
+
+}  // namespace
+
+nlohmann::json run(const options& o) {
+  if (o.jobs < 1) throw std::runtime_error("bench: --jobs must be at least 1");
+  if (o.producers < 1) throw std::runtime_error("bench: --producers must be at least 1");
+  const std::string schema = "bench_" + random_hex();
+  std::string why;
+  auto migrated = postgres::migrate(o.dsn, schema, &why);
+  if (!migrated) throw std::runtime_error("bench: migrate failed: " + why);
+  nlohmann::json result;
+  try {
+    if (o.mode == "runtime") {
+      result = run_runtime(o, schema);
+    } else if (o.mode == "sql-limit") {
+      result = run_sql_limit(o, schema);
+    } else if (o.mode == "enqueue-single") {
+      result = run_enqueue_single(o, schema);
+    } else {
+      throw std::runtime_error("bench: unknown mode '" + o.mode + "' (runtime, sql-limit, enqueue-single)");
+    }
+  } catch (...) {
+    if (!o.keep_schema) {
+      try {
+        pg_session(o.dsn).query("DROP SCHEMA " + schema + " CASCADE", {}, "bench: cleanup");
+      } catch (...) {
+      }
+    }
+    throw;
+  }
+  if (!o.keep_schema) pg_session(o.dsn).query("DROP SCHEMA " + schema + " CASCADE", {}, "bench: cleanup");
+  return result;
+}
+
+}  // namespace tenure::bench

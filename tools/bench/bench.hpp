@@ -1,0 +1,26 @@
+#pragma once
+/// \file
+/// `tenure bench`: end-to-end scenarios on a real PostgreSQL, printing one JSON line each.
+/// A benchmark, never a test: it measures, it does not assert.
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace tenure::bench {
+
+struct options {
+  std::string dsn;               ///< the database (a fresh schema is created in it and dropped)
+  std::string mode = "runtime";  ///< runtime | sql-limit | enqueue-single
+  int jobs = 20'000;             ///< jobs to drain (runtime, sql-limit)
+  int producers = 16;            ///< enqueue-single: concurrent producer connections
+  double seconds = 5.0;          ///< enqueue-single: how long the producers run
+  int pickup_samples = 200;      ///< runtime: low-load pickup latency samples
+  int workers = 4;               ///< sql-limit: concurrent claim/complete connections
+  bool keep_schema = false;
+};
+
+/// Runs one scenario; returns the JSON object it printed. Throws std::runtime_error with a
+/// one-line reason on failure.
+nlohmann::json run(const options& opts);
+
+}  // namespace tenure::bench

@@ -1,0 +1,65 @@
+// tenure bench [--jobs N] [--mode runtime|sql-limit|enqueue-single] [--producers P] [--seconds S]
+// Runs an end-to-end scenario on the database (a fresh schema, dropped afterwards) and prints
+// one JSON line. Without --database-url / DATABASE_URL it starts the project's private
+// PostgreSQL (scripts/pg) when run from a source tree.
+#include <cstdio>
+#include <iostream>
+
+#include "bench/bench.hpp"
+#include "cli/commands.hpp"
+
+namespace tenure::cli {
+namespace {
+
+std::string private_dsn() {
+#ifdef TENURE_SOURCE_DIR
+  const std::string script = std::string{TENURE_SOURCE_DIR} + "/scripts/pg start";
+  if (FILE* p = ::popen(script.c_str(), "r")) {
+    char buf[512] = {0};
+    std::string out;
+    while (std::fgets(buf, sizeof buf, p)) out += buf;
+    if (::pclose(p) == 0) {
+      while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+      if (!out.empty()) return out;
+    }
+  }
+#endif
+  throw command_error("no database: give --database-url or DATABASE_URL (or run from a source tree with scripts/pg)");
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app, context& ctx) {
+  auto opts = std::make_shared<bench::options>();
+  auto* cmd = app.add_subcommand("bench", "Measure throughput and latency on a real database (one JSON line)");
+  cmd->add_option("--mode", opts->mode, "runtime | sql-limit | enqueue-single")
+      ->check(CLI::IsMember({"runtime", "sql-limit", "enqueue-single"}))
+      ->capture_default_str();
+  cmd->add_option("--jobs", opts->jobs, "Jobs to drain")->check(CLI::Range(1, 100'000'000))->capture_default_str();
+  cmd->add_option("--producers", opts->producers, "enqueue-single: producer connections")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  cmd->add_option("--seconds", opts->seconds, "enqueue-single: how long producers run")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
+  cmd->add_option("--pickup-samples", opts->pickup_samples, "runtime: low-load pickup samples")
+      ->check(CLI::Range(1, 100'000))
+      ->capture_default_str();
+  cmd->add_option("--workers", opts->workers, "sql-limit: connections")->check(CLI::Range(1, 64))->capture_default_str();
+  cmd->add_flag("--keep-schema", opts->keep_schema, "Keep the bench schema for inspection");
+  cmd->callback([&ctx, opts] {
+    ctx.run = [&ctx, opts] {
+      opts->dsn = ctx.database_url.empty() ? private_dsn() : ctx.database_url;
+      try {
+        std::cout << bench::run(*opts).dump() << std::endl;
+      } catch (const command_error&) {
+        throw;
+      } catch (const std::exception& e) {
+        throw command_error(e.what());
+      }
+      return k_exit_ok;
+    };
+  });
+}
+
+}  // namespace tenure::cli
