@@ -42,7 +42,8 @@ std::string one_line(std::string s) {
 
 }  // namespace
 
-result<std::unique_ptr<connection>> connection::open(const std::string& dsn, std::string* detail) {
+result<std::unique_ptr<connection>> connection::open(const std::string& dsn, std::string* detail,
+                                                     const std::string& application_name) {
   PGconn* c = PQconnectdb(dsn.c_str());
   if (c == nullptr || PQstatus(c) != CONNECTION_OK) {
     std::string msg = c ? one_line(PQerrorMessage(c)) : "out of memory";
@@ -52,8 +53,9 @@ result<std::unique_ptr<connection>> connection::open(const std::string& dsn, std
   }
   std::unique_ptr<connection> conn{new connection(c)};
   // UTC everywhere: timestamps cross this boundary as text or epoch microseconds.
-  PGresult* r = PQexec(c, "SET TimeZone = 'UTC'");
-  PQclear(r);
+  std::string setup = "SET TimeZone = 'UTC'";
+  if (!application_name.empty()) setup += "; SET application_name = " + conn->quote_literal(application_name);
+  PQclear(PQexec(c, setup.c_str()));
   return conn;
 }
 

@@ -61,7 +61,9 @@ errc errc_from_sqlstate(std::string_view sqlstate) noexcept;
 class connection {
  public:
   /// Connects (blocking). errc::database_unavailable when the server cannot be reached.
-  static result<std::unique_ptr<connection>> open(const std::string& dsn, std::string* detail = nullptr);
+  /// `application_name`, when not empty, names the session in pg_stat_activity.
+  static result<std::unique_ptr<connection>> open(const std::string& dsn, std::string* detail = nullptr,
+                                                  const std::string& application_name = {});
   ~connection();
   connection(const connection&) = delete;
   connection& operator=(const connection&) = delete;

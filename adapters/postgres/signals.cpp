@@ -17,12 +17,13 @@ using detail::effect;
 
 class pg_signal_port final : public sdk::signal_port {
  public:
-  pg_signal_port(std::string dsn, std::string schema) : dsn_(std::move(dsn)), schema_(std::move(schema)) {}
+  pg_signal_port(std::string dsn, std::string schema, std::string app)
+      : dsn_(std::move(dsn)), schema_(std::move(schema)), app_(std::move(app)) {}
 
   result<void> connect() override {
     conn_.reset();
     std::string why;
-    auto c = connection::open(dsn_, &why);
+    auto c = connection::open(dsn_, &why, app_);
     if (!c) {
       spdlog::debug("tenure.pg: signal session: {}", why);
       return c.error();
@@ -96,21 +97,27 @@ class pg_signal_port final : public sdk::signal_port {
 
   std::string dsn_;
   std::string schema_;
+  std::string app_;
   std::unique_ptr<connection> conn_;
   bool leader_ = false;
 };
 
 }  // namespace
 
-std::shared_ptr<sdk::signal_port> make_signal_port(std::string dsn, std::string schema) {
-  return std::make_shared<pg_signal_port>(std::move(dsn), std::move(schema));
+std::shared_ptr<sdk::signal_port> make_signal_port(std::string dsn, std::string schema, std::string application_name) {
+  return std::make_shared<pg_signal_port>(std::move(dsn), std::move(schema), std::move(application_name));
 }
 
 result<std::unique_ptr<runtime>> make_runtime(runtime_options options, std::string* detail) {
-  auto st = store::open({.dsn = options.dsn, .schema = options.schema, .pool_size = options.pool_size}, detail);
+  auto st = store::open({.dsn = options.dsn,
+                         .schema = options.schema,
+                         .pool_size = options.pool_size,
+                         .application_name = options.application_name},
+                        detail);
   if (!st) return st.error();
   std::shared_ptr<sdk::storage_port> shared{std::move(st).value()};
-  return runtime::create(std::move(options.runtime), shared, make_signal_port(options.dsn, options.schema), detail);
+  return runtime::create(std::move(options.runtime), shared,
+                         make_signal_port(options.dsn, options.schema, options.application_name), detail);
 }
 
 }  // namespace tenure::postgres

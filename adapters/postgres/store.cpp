@@ -77,11 +77,6 @@ struct store::impl {
 
   explicit impl(store_options o) : opt(std::move(o)), st(opt.schema) {}
 
-  std::string conninfo() const {
-    // application_name lets an operator find tenure's backends in pg_stat_activity.
-    return opt.dsn;
-  }
-
   /// Borrows a connection (reopening a broken one), runs `fn(connection&)`, returns it.
   template <class Fn>
   auto with_connection(Fn&& fn) -> decltype(fn(std::declval<connection&>())) {
@@ -109,7 +104,7 @@ struct store::impl {
     };
     if (!c || !c->ok()) {
       std::string why;
-      auto opened = connection::open(opt.dsn, &why);
+      auto opened = connection::open(opt.dsn, &why, opt.application_name);
       if (!opened) {
         spdlog::warn("tenure.pg: {}", why);
         give_back(nullptr);
@@ -140,7 +135,7 @@ result<std::unique_ptr<store>> store::open(store_options options, std::string* d
   }
   if (options.pool_size < 1) options.pool_size = 1;
   auto p = std::make_unique<impl>(std::move(options));
-  auto c = connection::open(p->opt.dsn, detail);
+  auto c = connection::open(p->opt.dsn, detail, p->opt.application_name);
   if (!c) return c.error();
   auto v = c.value()->exec(p->st.version, {}, effect::read, detail);
   if (!v) {

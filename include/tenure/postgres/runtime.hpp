@@ -14,6 +14,7 @@ struct runtime_options {
   std::string dsn;
   std::string schema = "tenure";
   int pool_size = 4;  ///< store connections (claims, flushes, heartbeats, maintenance run at once)
+  std::string application_name = "tenure";  ///< names every session in pg_stat_activity
   runtime_config runtime;
 };
 
@@ -23,6 +24,7 @@ result<std::unique_ptr<runtime>> make_runtime(runtime_options options, std::stri
 
 /// The signal port over one libpq session: LISTEN <schema>_wake and <schema>_cancel, and the
 /// maintenance leadership as a session advisory lock.
-std::shared_ptr<sdk::signal_port> make_signal_port(std::string dsn, std::string schema);
+std::shared_ptr<sdk::signal_port> make_signal_port(std::string dsn, std::string schema,
+                                                   std::string application_name = "tenure");
 
 }  // namespace tenure::postgres

@@ -16,7 +16,7 @@ struct store_options {
   std::string schema = "tenure";   ///< where `tenure migrate` installed the schema
   int pool_size = 4;               ///< connections kept open; each call borrows one
   std::chrono::milliseconds acquire_timeout{30'000};  ///< wait for a free connection
-  std::string application_name = "tenure";
+  std::string application_name = "tenure";  ///< names the sessions in pg_stat_activity
 };
 
 /// Storage port over a small pool of libpq connections. Thread-safe: each call borrows one
