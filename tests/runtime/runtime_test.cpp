@@ -1,0 +1,282 @@
+// Runtime logic against the SQLite fake with fault injection and an injected clock: the
+// completion batcher, heartbeats and shutdown. Loops are driven by hand (heartbeat_now,
+// maintenance_now); every wait has a deadline.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+#include "adapters/sqlite/faulty_store.hpp"
+#include "adapters/sqlite/sqlite_store.hpp"
+#include "sdk/clock.hpp"
+#include "tenure/runtime.hpp"
+
+namespace tenure {
+namespace {
+
+using namespace std::chrono_literals;
+using sqlite::op;
+
+template <class Cond>
+bool eventually(Cond cond, std::chrono::milliseconds timeout = 10s) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < until) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return cond();
+}
+
+class runtime_unit : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = sqlite::store::open(":memory:", clock_);
+    ASSERT_TRUE(s) << s.error().message();
+    inner_ = std::move(s).value();
+    faulty_ = std::make_shared<sqlite::faulty_store>(*inner_);
+  }
+
+  /// Timers far apart: heartbeat and maintenance run only when a test says so.
+  runtime_config config() {
+    runtime_config c;
+    c.queues = {{.name = "default", .max_concurrency = 4}};
+    c.heartbeat_interval = 1h;
+    c.maintenance_interval = 1h;
+    c.poll_interval = 5ms;  // no NOTIFY with SQLite: claims come from polling
+    c.flush_delay = 1ms;
+    c.shutdown_timeout = 5s;
+    return c;
+  }
+  std::unique_ptr<runtime> make(runtime_config c) {
+    std::string why;
+    auto r = runtime::create(std::move(c), faulty_, nullptr, &why);
+    if (!r) throw std::runtime_error(why);
+    return std::move(r).value();
+  }
+  std::int64_t enqueue(std::string kind = "k") {
+    auto id = inner_->enqueue({.kind = std::move(kind)});
+    if (!id) throw std::runtime_error(id.error().message());
+    return id.value();
+  }
+  job_state state(std::int64_t id) { return inner_->read_job(id).value().state; }
+
+  sdk::manual_clock clock_;
+  std::unique_ptr<sqlite::store> inner_;
+  std::shared_ptr<sqlite::faulty_store> faulty_;
+};
+
+TEST_F(runtime_unit, completions_are_flushed_as_batches_not_one_statement_each) {
+  for (int i = 0; i < 200; ++i) enqueue();
+  auto c = config();
+  c.queues[0].max_concurrency = 200;
+  c.claim_batch = 200;
+  c.completion_batch = 200;
+  c.flush_delay = 200ms;
+  auto rt = make(c);
+  rt->handle("k", [](job_context&) { return job_outcome::completed(); });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return rt->metrics().completed == 200; }));
+  EXPECT_LE(faulty_->calls(op::complete), 3) << "200 completions in a handful of flushes";
+  EXPECT_EQ(rt->metrics().flushed_items, 200u);
+  rt->stop();
+}
+
+TEST_F(runtime_unit, a_failed_flush_keeps_the_attempt_and_its_permit_until_a_retry_answers) {
+  const auto first = enqueue("first");
+  const auto second = enqueue("second");
+  auto c = config();
+  c.queues[0].max_concurrency = 1;  // one permit: the second job needs the first one's permit
+  auto rt = make(c);
+  std::mutex mu;
+  std::vector<std::string> order;
+  rt->on_event([&](const job_event& e) {
+    std::lock_guard lock(mu);
+    order.push_back(std::string{to_string(e.event)} + ":" + e.kind);
+  });
+  rt->handle("first", [](job_context&) { return job_outcome::completed(); });
+  rt->handle("second", [](job_context&) { return job_outcome::completed(); });
+  // The first three flushes fail without reaching the database.
+  faulty_->fail_nth(op::complete, 1, errc::database_unavailable);
+  faulty_->fail_nth(op::complete, 2, errc::database_unavailable);
+  faulty_->fail_nth(op::complete, 3, errc::database_unavailable);
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return rt->metrics().flush_failures >= 2; }));
+  // Meanwhile the attempt is still open in the database and still held here.
+  EXPECT_EQ(state(first), job_state::running);
+  EXPECT_EQ(rt->metrics().in_flight, 1);
+  EXPECT_EQ(state(second), job_state::available) << "the permit is not released before the flush answers";
+  ASSERT_TRUE(eventually([&] { return rt->metrics().completed == 2; }));
+  rt->stop();
+  EXPECT_EQ(rt->metrics().flush_failures, 3u);
+  EXPECT_EQ(state(first), job_state::completed);
+  EXPECT_EQ(state(second), job_state::completed);
+  std::lock_guard lock(mu);
+  ASSERT_EQ(order.size(), 4u);
+  EXPECT_EQ(order[1], "completed:first");
+  EXPECT_EQ(order[2], "started:second") << "second claimed only after first's flush answered";
+}
+
+TEST_F(runtime_unit, a_flush_with_an_unknown_outcome_is_reconciled_not_double_counted) {
+  const auto id = enqueue();
+  auto rt = make(config());
+  rt->handle("k", [](job_context&) { return job_outcome::completed(); });
+  // The first flush lands but its answer is lost; the retry then finds the attempt closed.
+  faulty_->fail_after_apply_nth(op::complete, 1);
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return rt->metrics().completed == 1; }));
+  rt->stop();
+  EXPECT_EQ(rt->metrics().stale_rejected, 0u) << "our own completion is not counted as stale";
+  EXPECT_EQ(rt->metrics().flush_failures, 1u);
+  EXPECT_GE(faulty_->calls(op::reconcile), 1);
+  EXPECT_EQ(state(id), job_state::completed);
+  EXPECT_EQ(inner_->read_job(id).value().run_lease, 1);
+}
+
+TEST_F(runtime_unit, heartbeat_covers_running_attempts_and_those_waiting_for_their_flush) {
+  const auto running = enqueue("slow");
+  const auto finished = enqueue("fast");
+  auto rt = make(config());
+  std::atomic<bool> release{false};
+  rt->handle("slow", [&](job_context&) {
+    while (!release.load()) std::this_thread::sleep_for(1ms);
+    return job_outcome::completed();
+  });
+  rt->handle("fast", [](job_context&) { return job_outcome::completed(); });
+  // Every flush fails for now: "fast" waits for its flush while holding its attempt.
+  faulty_->fail_nth(op::complete, 1, errc::database_unavailable);
+  faulty_->fail_nth(op::complete, 2, errc::database_unavailable);
+  faulty_->fail_nth(op::complete, 3, errc::database_unavailable);
+  faulty_->fail_nth(op::complete, 4, errc::database_unavailable);
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return rt->metrics().flush_failures >= 1 && rt->metrics().in_flight == 2; }));
+  const auto before = faulty_->calls(op::heartbeat);
+  clock_.advance(100s);  // both attempts were claimed 100 s ago
+  rt->heartbeat_now();
+  EXPECT_EQ(faulty_->calls(op::heartbeat), before + 1) << "one statement for all attempts";
+  // Had the heartbeat skipped either attempt, a 30 s staleness rescue would close it now.
+  auto rescued = inner_->rescue_stale(30s);
+  ASSERT_TRUE(rescued);
+  EXPECT_TRUE(rescued.value().empty());
+  release = true;
+  ASSERT_TRUE(eventually([&] { return rt->metrics().completed == 2; }));
+  rt->stop();
+  EXPECT_EQ(state(running), job_state::completed);
+  EXPECT_EQ(state(finished), job_state::completed);
+}
+
+TEST_F(runtime_unit, a_heartbeat_that_finds_the_attempt_gone_cancels_the_handler_and_the_result_is_stale) {
+  const auto id = enqueue();
+  auto rt = make(config());
+  std::atomic<bool> started{false}, cancelled{false};
+  rt->handle("k", [&](job_context& ctx) {
+    if (ctx.run_lease() > 1) return job_outcome::completed();  // the re-run after the rescue
+    started = true;
+    cancelled = ctx.wait_cancelled(10s);
+    return job_outcome::completed();
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return started.load(); }));
+  clock_.advance(1min);
+  ASSERT_EQ(inner_->rescue_stale(30s).value().size(), 1u);  // another process rescued it
+  rt->heartbeat_now();
+  ASSERT_TRUE(eventually([&] { return rt->metrics().stale_rejected == 1; }));
+  EXPECT_TRUE(cancelled.load());
+  EXPECT_EQ(rt->metrics().completed, 0u);
+  ASSERT_TRUE(eventually([&] { return rt->metrics().completed == 1; })) << "re-run under a new lease";
+  rt->stop();
+  EXPECT_EQ(state(id), job_state::completed);
+  EXPECT_EQ(inner_->read_job(id).value().run_lease, 2);
+}
+
+TEST_F(runtime_unit, maintenance_rescues_by_the_injected_clock_and_flags_the_local_handler) {
+  enqueue();
+  auto c = config();
+  c.heartbeat_interval = 10s;  // staleness 30 s; timers never fire during the test
+  auto rt = make(c);
+  std::atomic<bool> started{false}, cancelled{false};
+  rt->handle("k", [&](job_context& ctx) {
+    if (ctx.run_lease() > 1) return job_outcome::completed();  // the re-run after the rescue
+    started = true;
+    cancelled = ctx.wait_cancelled(10s);
+    return job_outcome::completed();
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return started.load(); }));
+  rt->maintenance_now();
+  EXPECT_EQ(rt->metrics().rescued, 0u) << "fresh attempt";
+  clock_.advance(31s);
+  rt->maintenance_now();
+  EXPECT_EQ(rt->metrics().rescued, 1u);
+  ASSERT_TRUE(eventually([&] { return cancelled.load(); }));
+  ASSERT_TRUE(eventually([&] { return rt->metrics().stale_rejected == 1; }));
+  rt->stop();
+}
+
+TEST_F(runtime_unit, stop_flushes_every_pending_completion_at_once) {
+  for (int i = 0; i < 20; ++i) enqueue();
+  auto c = config();
+  c.queues[0].max_concurrency = 20;
+  c.completion_batch = 1000;
+  c.flush_delay = 1h;  // only shutdown can trigger this flush
+  auto rt = make(c);
+  std::atomic<int> returned{0};
+  rt->handle("k", [&](job_context&) {
+    ++returned;
+    return job_outcome::completed();
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return returned.load() == 20; }));
+  EXPECT_EQ(rt->metrics().completed, 0u) << "nothing flushed yet";
+  rt->stop();
+  EXPECT_EQ(rt->metrics().completed, 20u);
+  EXPECT_EQ(faulty_->calls(op::complete), 1);
+}
+
+TEST_F(runtime_unit, stop_keeps_retrying_a_failing_flush_within_its_deadline) {
+  const auto id = enqueue();
+  auto c = config();
+  c.flush_delay = 1h;
+  auto rt = make(c);
+  std::atomic<bool> returned{false};
+  rt->handle("k", [&](job_context&) {
+    returned = true;
+    return job_outcome::completed();
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return returned.load(); }));
+  faulty_->fail_nth(op::complete, 1, errc::database_unavailable);
+  faulty_->fail_nth(op::complete, 2, errc::transient_conflict);
+  rt->stop();
+  EXPECT_EQ(state(id), job_state::completed) << "the completion a handler returned is durable after stop()";
+  EXPECT_EQ(rt->metrics().flush_failures, 2u);
+}
+
+TEST_F(runtime_unit, claim_failures_back_off_and_recover) {
+  enqueue();
+  auto rt = make(config());
+  rt->handle("k", [](job_context&) { return job_outcome::completed(); });
+  faulty_->lose_connection();
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return faulty_->calls(op::claim) >= 3; }));
+  EXPECT_EQ(rt->metrics().completed, 0u);
+  EXPECT_GE(rt->metrics().database_errors, 3u);
+  faulty_->restore_connection();
+  ASSERT_TRUE(eventually([&] { return rt->metrics().completed == 1; }));
+  rt->stop();
+}
+
+TEST_F(runtime_unit, an_unknown_kind_is_given_back_without_spending_an_attempt) {
+  const auto id = enqueue("nobody_handles_this");
+  auto rt = make(config());
+  rt->handle("k", [](job_context&) { return job_outcome::completed(); });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return rt->metrics().snoozed == 1; }));
+  rt->stop();
+  const auto j = inner_->read_job(id).value();
+  EXPECT_EQ(j.state, job_state::scheduled);
+  EXPECT_EQ(j.attempt, 0);
+}
+
+}  // namespace
+}  // namespace tenure
