@@ -18,6 +18,11 @@
 
 namespace tenure {
 
+/// A libpq URL or conninfo turned into the keyword form SOCI's PostgreSQL backend accepts
+/// (`soci::session(soci::postgresql, tenure::soci_connect_string(url))`): SOCI does not take
+/// `postgresql://` URLs. errc::invalid_argument for a string libpq cannot parse.
+result<std::string> soci_connect_string(std::string_view dsn);
+
 struct sql_options {
   std::string schema = "tenure";  ///< where tenure is installed
 };

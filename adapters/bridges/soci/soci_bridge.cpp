@@ -41,6 +41,33 @@ std::string args_text(const new_job& job) { return job.args.is_null() ? "{}" : j
 
 }  // namespace
 
+result<std::string> soci_connect_string(std::string_view dsn) {
+  char* err = nullptr;
+  PQconninfoOption* opts = PQconninfoParse(std::string{dsn}.c_str(), &err);
+  if (opts == nullptr) {
+    if (err) PQfreemem(err);
+    return errc::invalid_argument;
+  }
+  std::string out;
+  for (auto* o = opts; o->keyword != nullptr; ++o) {
+    if (o->val == nullptr) continue;
+    std::string v = o->val;
+    // SOCI splits on spaces and '='; quote only when a value needs it (libpq reads the quotes).
+    if (v.empty() || v.find_first_of(" '\\=") != std::string::npos) {
+      std::string q = "'";
+      for (char c : v) {
+        if (c == '\'' || c == '\\') q += '\\';
+        q += c;
+      }
+      v = q + "'";
+    }
+    if (!out.empty()) out += ' ';
+    out += std::string{o->keyword} + "=" + v;
+  }
+  PQconninfoFree(opts);
+  return out;
+}
+
 result<std::int64_t> enqueue(soci::session& session, const new_job& job, const sql_options& options) {
   TENURE_TRYV(validate(job));
   if (!postgres::valid_schema_name(options.schema)) return errc::invalid_argument;

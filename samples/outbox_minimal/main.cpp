@@ -1,0 +1,49 @@
+// The smallest tenure program: a business write and its job in one transaction, then a worker.
+// DATABASE_URL names the database; TENURE_SCHEMA (default "tenure") where tenure lives.
+#include <cstdlib>
+#include <iostream>
+#include <latch>
+
+#include <soci/postgresql/soci-postgresql.h>
+#include <soci/soci.h>
+
+#include "tenure/postgres/runtime.hpp"
+#include "tenure/postgres/schema.hpp"
+#include "tenure/soci.hpp"
+
+int main(int argc, char** argv) {
+  const char* url = std::getenv("DATABASE_URL");
+  const char* env_schema = std::getenv("TENURE_SCHEMA");
+  const std::string schema = env_schema ? env_schema : "tenure";
+  const std::string email = argc > 1 ? argv[1] : "ada@example.com";
+  if (!url) return std::cerr << "set DATABASE_URL\n", 2;
+
+  std::string why;
+  if (!tenure::postgres::migrate(url, schema, &why)) return std::cerr << why << "\n", 1;  // idempotent
+
+  // 1. Transactional enqueue: COMMIT makes the signup and its job exist together.
+  soci::session db(soci::postgresql, tenure::soci_connect_string(url).value());
+  db << "CREATE TABLE IF NOT EXISTS signups (id bigserial PRIMARY KEY, email text NOT NULL)";
+  {
+    soci::transaction tx(db);
+    db << "INSERT INTO signups (email) VALUES (:email)", soci::use(email);
+    auto job = tenure::enqueue(db, {.kind = "welcome_email", .args = {{"email", email}}}, {.schema = schema});
+    if (!job) return std::cerr << "enqueue: " << job.error().message() << "\n", 1;  // tx rolls back
+    tx.commit();
+    std::cout << "signup stored with job " << job.value() << "\n";
+  }
+
+  // 2. A worker: an ordinary handler; its completion is flushed in a batch after it returns.
+  std::latch sent{1};
+  auto rt = tenure::postgres::make_runtime({.dsn = url, .schema = schema}, &why);
+  if (!rt) return std::cerr << why << "\n", 1;
+  rt.value()->handle("welcome_email", [&](tenure::job_context& ctx) {
+    std::cout << "welcome email sent to " << ctx.args().at("email").get<std::string>() << "\n";
+    sent.count_down();
+    return tenure::job_outcome::completed();
+  });
+  if (!rt.value()->start()) return 1;
+  sent.wait();
+  rt.value()->stop();  // flushes the completion before returning
+  return 0;
+}
