@@ -1,0 +1,159 @@
+#include "adapters/sqlite/faulty_store.hpp"
+
+#include <algorithm>
+#include <array>
+#include <utility>
+
+namespace tenure::sqlite {
+
+std::string_view to_string(op o) noexcept {
+  static constexpr std::array<std::string_view, k_op_count> names{
+      "enqueue",    "enqueue_batch", "claim",     "heartbeat",    "complete",
+      "fail",       "snooze",        "cancel_attempt", "cancel_job", "retry_job",
+      "read_job",   "rescue_stale",  "promote_due", "reconcile",  "configure_queue"};
+  const auto i = static_cast<std::size_t>(o);
+  return i < names.size() ? names[i] : "unknown";
+}
+
+void faulty_store::fail_nth(op o, int n, errc code) {
+  std::lock_guard lock(mutex_);
+  rules_.push_back({o, std::max(n, 1), fault::refuse, code});
+}
+
+void faulty_store::fail_after_apply_nth(op o, int n) {
+  std::lock_guard lock(mutex_);
+  rules_.push_back({o, std::max(n, 1), fault::in_doubt, errc::commit_in_doubt});
+}
+
+void faulty_store::lose_connection() noexcept {
+  std::lock_guard lock(mutex_);
+  connected_ = false;
+}
+
+void faulty_store::restore_connection() noexcept {
+  std::lock_guard lock(mutex_);
+  connected_ = true;
+}
+
+void faulty_store::clear_faults() noexcept {
+  std::lock_guard lock(mutex_);
+  rules_.clear();
+}
+
+std::int64_t faulty_store::calls(op o) const noexcept {
+  std::lock_guard lock(mutex_);
+  return calls_[static_cast<std::size_t>(o)];
+}
+
+std::int64_t faulty_store::forwarded(op o) const noexcept {
+  std::lock_guard lock(mutex_);
+  return forwarded_[static_cast<std::size_t>(o)];
+}
+
+faulty_store::decision faulty_store::decide(op o) {
+  std::lock_guard lock(mutex_);
+  const auto i = static_cast<std::size_t>(o);
+  ++calls_[i];
+  if (!connected_) return {fault::refuse, errc::database_unavailable};
+  decision d;
+  bool decided = false;
+  for (auto& r : rules_) {
+    if (r.target != o || --r.remaining > 0) continue;
+    if (!decided) d = {r.kind, r.code};
+    decided = true;
+  }
+  std::erase_if(rules_, [](const rule& r) { return r.remaining <= 0; });
+  if (d.kind != fault::refuse) ++forwarded_[i];
+  return d;
+}
+
+template <class T, class Forward>
+result<T> faulty_store::call(op o, Forward&& forward) {
+  const decision d = decide(o);
+  if (d.kind == fault::refuse) return d.code;
+  result<T> r = std::forward<Forward>(forward)();
+  if (d.kind == fault::in_doubt && r) return errc::commit_in_doubt;
+  return r;
+}
+
+result<std::int64_t> faulty_store::enqueue(const new_job& job) {
+  return call<std::int64_t>(op::enqueue, [&] { return inner_.enqueue(job); });
+}
+
+result<std::vector<std::int64_t>> faulty_store::enqueue_batch(std::span<const new_job> jobs) {
+  return call<std::vector<std::int64_t>>(op::enqueue_batch,
+                                         [&] { return inner_.enqueue_batch(jobs); });
+}
+
+result<std::vector<claimed_attempt>> faulty_store::claim(std::string_view queue, int max_jobs,
+                                                         std::string_view worker) {
+  return call<std::vector<claimed_attempt>>(
+      op::claim, [&] { return inner_.claim(queue, max_jobs, worker); });
+}
+
+result<std::vector<claimed_attempt>> faulty_store::claim(std::string_view queue, int max_jobs,
+                                                         std::string_view worker,
+                                                         bool going_to_sleep) {
+  return call<std::vector<claimed_attempt>>(
+      op::claim, [&] { return inner_.claim(queue, max_jobs, worker, going_to_sleep); });
+}
+
+result<std::vector<attempt_id>> faulty_store::heartbeat(
+    std::span<const attempt_id> attempts, std::span<const std::optional<std::string>> progress) {
+  return call<std::vector<attempt_id>>(op::heartbeat,
+                                       [&] { return inner_.heartbeat(attempts, progress); });
+}
+
+result<std::vector<sdk::completion_result>> faulty_store::complete(
+    std::span<const sdk::completion> batch) {
+  return call<std::vector<sdk::completion_result>>(op::complete,
+                                                   [&] { return inner_.complete(batch); });
+}
+
+result<job_state> faulty_store::fail(attempt_id attempt, std::string_view error,
+                                     sdk::fail_disposition disposition,
+                                     std::optional<sdk::microseconds> retry_after) {
+  return call<job_state>(op::fail,
+                         [&] { return inner_.fail(attempt, error, disposition, retry_after); });
+}
+
+result<void> faulty_store::snooze(attempt_id attempt, sdk::microseconds delay) {
+  return call<void>(op::snooze, [&] { return inner_.snooze(attempt, delay); });
+}
+
+result<void> faulty_store::cancel_attempt(attempt_id attempt, std::string_view reason) {
+  return call<void>(op::cancel_attempt, [&] { return inner_.cancel_attempt(attempt, reason); });
+}
+
+result<bool> faulty_store::cancel_job(std::int64_t job_id) {
+  return call<bool>(op::cancel_job, [&] { return inner_.cancel_job(job_id); });
+}
+
+result<bool> faulty_store::retry_job(std::int64_t job_id) {
+  return call<bool>(op::retry_job, [&] { return inner_.retry_job(job_id); });
+}
+
+result<job_info> faulty_store::read_job(std::int64_t job_id) {
+  return call<job_info>(op::read_job, [&] { return inner_.read_job(job_id); });
+}
+
+result<std::vector<sdk::rescued_attempt>> faulty_store::rescue_stale(
+    sdk::microseconds stale_after) {
+  return call<std::vector<sdk::rescued_attempt>>(op::rescue_stale,
+                                                 [&] { return inner_.rescue_stale(stale_after); });
+}
+
+result<std::int64_t> faulty_store::promote_due() {
+  return call<std::int64_t>(op::promote_due, [&] { return inner_.promote_due(); });
+}
+
+result<sdk::attempt_evidence> faulty_store::reconcile(attempt_id attempt) {
+  return call<sdk::attempt_evidence>(op::reconcile, [&] { return inner_.reconcile(attempt); });
+}
+
+result<void> faulty_store::configure_queue(std::string_view queue,
+                                           const sdk::queue_settings& settings) {
+  return call<void>(op::configure_queue, [&] { return inner_.configure_queue(queue, settings); });
+}
+
+}  // namespace tenure::sqlite

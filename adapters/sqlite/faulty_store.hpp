@@ -1,0 +1,124 @@
+#pragma once
+/// \file
+/// `tenure::sqlite::faulty_store`: a storage port decorator that injects faults, so unit tests
+/// can show what the engine does when the database refuses a call, loses a COMMIT
+/// acknowledgement or goes away.
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sdk/storage_port.hpp"
+
+namespace tenure::sqlite {
+
+/// One per storage_port method.
+enum class op {
+  enqueue,
+  enqueue_batch,
+  claim,
+  heartbeat,
+  complete,
+  fail,
+  snooze,
+  cancel_attempt,
+  cancel_job,
+  retry_job,
+  read_job,
+  rescue_stale,
+  promote_due,
+  reconcile,
+  configure_queue,
+};
+inline constexpr std::size_t k_op_count = static_cast<std::size_t>(op::configure_queue) + 1;
+
+std::string_view to_string(op o) noexcept;
+
+/// Forwards every call to `inner` unless a fault is due. Thread-safe: the fault bookkeeping is
+/// serialised by a mutex that is never held while the inner store runs, so concurrent calls
+/// still reach `inner` concurrently. Never throws.
+///
+/// Rules count calls from the moment they are armed (n = 1 is the next call of that operation).
+/// Every armed rule of an operation counts each of its calls made while connected; when several
+/// come due on one call, the one armed first decides and all of them are spent.
+class faulty_store final : public sdk::storage_port {
+ public:
+  /// `inner` must outlive this decorator.
+  explicit faulty_store(sdk::storage_port& inner) noexcept : inner_(inner) {}
+
+  /// The n-th call of `o` returns `code` without reaching the inner store (nothing is written).
+  void fail_nth(op o, int n, errc code);
+  /// The n-th call of `o` is forwarded; if the inner store applied it, the caller is told
+  /// errc::commit_in_doubt anyway (the write landed, the acknowledgement was lost). If the inner
+  /// store failed, its own error is reported.
+  void fail_after_apply_nth(op o, int n);
+  /// Until restore_connection(), every call returns errc::database_unavailable, unforwarded.
+  void lose_connection() noexcept;
+  void restore_connection() noexcept;
+  /// Drops every armed rule (the connection state is kept).
+  void clear_faults() noexcept;
+
+  /// Calls of `o` made so far, whether forwarded, failed or refused.
+  std::int64_t calls(op o) const noexcept;
+  /// Calls of `o` that reached the inner store.
+  std::int64_t forwarded(op o) const noexcept;
+
+  // ---- storage_port ------------------------------------------------------------------------
+  result<std::int64_t> enqueue(const new_job& job) override;
+  result<std::vector<std::int64_t>> enqueue_batch(std::span<const new_job> jobs) override;
+  /// Both claim overloads count as op::claim; each forwards to the same overload of `inner`.
+  result<std::vector<claimed_attempt>> claim(std::string_view queue, int max_jobs,
+                                             std::string_view worker) override;
+  result<std::vector<claimed_attempt>> claim(std::string_view queue, int max_jobs,
+                                             std::string_view worker,
+                                             bool going_to_sleep) override;
+  result<std::vector<attempt_id>> heartbeat(
+      std::span<const attempt_id> attempts,
+      std::span<const std::optional<std::string>> progress = {}) override;
+  result<std::vector<sdk::completion_result>> complete(
+      std::span<const sdk::completion> batch) override;
+  result<job_state> fail(attempt_id attempt, std::string_view error,
+                         sdk::fail_disposition disposition,
+                         std::optional<sdk::microseconds> retry_after = std::nullopt) override;
+  result<void> snooze(attempt_id attempt, sdk::microseconds delay) override;
+  result<void> cancel_attempt(attempt_id attempt, std::string_view reason) override;
+  result<bool> cancel_job(std::int64_t job_id) override;
+  result<bool> retry_job(std::int64_t job_id) override;
+  result<job_info> read_job(std::int64_t job_id) override;
+  result<std::vector<sdk::rescued_attempt>> rescue_stale(sdk::microseconds stale_after) override;
+  result<std::int64_t> promote_due() override;
+  result<sdk::attempt_evidence> reconcile(attempt_id attempt) override;
+  result<void> configure_queue(std::string_view queue,
+                               const sdk::queue_settings& settings) override;
+
+ private:
+  enum class fault { none, refuse, in_doubt };
+  struct decision {
+    fault kind = fault::none;
+    errc code = errc::database_unavailable;
+  };
+  struct rule {
+    op target;
+    int remaining;  ///< calls until it fires; 1 = the next one
+    fault kind;
+    errc code;
+  };
+
+  decision decide(op o);
+  template <class T, class Forward>
+  result<T> call(op o, Forward&& forward);
+
+  sdk::storage_port& inner_;
+  mutable std::mutex mutex_;
+  std::vector<rule> rules_;
+  std::array<std::int64_t, k_op_count> calls_{};
+  std::array<std::int64_t, k_op_count> forwarded_{};
+  bool connected_ = true;
+};
+
+}  // namespace tenure::sqlite

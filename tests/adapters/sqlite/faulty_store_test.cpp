@@ -1,0 +1,168 @@
+// faulty_store: the faults it promises, proven against the state of the real (SQLite) store.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "adapters/sqlite/faulty_store.hpp"
+#include "adapters/sqlite/sqlite_store.hpp"
+
+namespace tenure::sqlite {
+namespace {
+
+using namespace std::chrono_literals;
+using sdk::attempt_evidence;
+using sdk::completion;
+using sdk::fail_disposition;
+using ::testing::IsEmpty;
+using ::testing::SizeIs;
+
+template <class T>
+T must(result<T> r) {
+  if (!r) throw std::runtime_error("unexpected error: " + r.error().message());
+  if constexpr (!std::is_void_v<T>) return std::move(r).value();
+}
+
+new_job job() {
+  new_job j;
+  j.kind = "k";
+  return j;
+}
+
+/// Calls `o` once with harmless arguments; returns its error, or an empty code on success.
+std::error_code call(sdk::storage_port& s, op o) {
+  const attempt_id a{1, 1};
+  const new_job j = job();
+  const completion c{a, std::nullopt};
+  auto code = [](const auto& r) { return r ? std::error_code{} : r.error(); };
+  switch (o) {
+    case op::enqueue: return code(s.enqueue(j));
+    case op::enqueue_batch: return code(s.enqueue_batch(std::span(&j, 1)));
+    case op::claim: return code(s.claim("default", 1, "w"));
+    case op::heartbeat: return code(s.heartbeat(std::span(&a, 1)));
+    case op::complete: return code(s.complete(std::span(&c, 1)));
+    case op::fail: return code(s.fail(a, "x", fail_disposition::retry));
+    case op::snooze: return code(s.snooze(a, 0us));
+    case op::cancel_attempt: return code(s.cancel_attempt(a, "x"));
+    case op::cancel_job: return code(s.cancel_job(1));
+    case op::retry_job: return code(s.retry_job(1));
+    case op::read_job: return code(s.read_job(1));
+    case op::rescue_stale: return code(s.rescue_stale(1h));
+    case op::promote_due: return code(s.promote_due());
+    case op::reconcile: return code(s.reconcile(a));
+    case op::configure_queue: return code(s.configure_queue("q", {}));
+  }
+  return make_error_code(errc::protocol_error);
+}
+
+class sqlite_faulty_store : public ::testing::Test {
+ protected:
+  void SetUp() override { inner_ = must(store::open(":memory:", clock_)); }
+
+  sdk::manual_clock clock_;
+  std::unique_ptr<store> inner_;
+};
+
+TEST_F(sqlite_faulty_store, the_nth_call_fails_without_reaching_the_store) {
+  faulty_store db(*inner_);
+  db.fail_nth(op::enqueue, 2, errc::database_unavailable);
+  const auto first = must(db.enqueue(job()));
+  const auto second = db.enqueue(job());
+  ASSERT_FALSE(second);
+  EXPECT_EQ(second.error(), errc::database_unavailable);
+  const auto third = must(db.enqueue(job()));
+  EXPECT_EQ(third, first + 1);  // the refused call never took an id
+  EXPECT_THAT(must(inner_->claim("default", 10, "w")), SizeIs(2));
+  EXPECT_EQ(db.calls(op::enqueue), 3);
+  EXPECT_EQ(db.forwarded(op::enqueue), 2);
+}
+
+TEST_F(sqlite_faulty_store, a_refused_completion_leaves_the_attempt_open) {
+  faulty_store db(*inner_);
+  const auto id = must(db.enqueue(job()));
+  const auto a = must(db.claim("default", 1, "w")).at(0).attempt;
+  db.fail_nth(op::complete, 1, errc::transient_conflict);
+  const completion c{a, std::nullopt};
+  EXPECT_EQ(db.complete(std::span(&c, 1)).error(), errc::transient_conflict);
+  EXPECT_EQ(must(inner_->read_job(id)).state, job_state::running);
+  EXPECT_EQ(must(db.reconcile(a)), attempt_evidence::open);
+  EXPECT_TRUE(must(db.complete(std::span(&c, 1))).at(0).applied);  // the rule is spent
+}
+
+TEST_F(sqlite_faulty_store, rules_count_from_when_they_are_armed_and_only_their_op) {
+  faulty_store db(*inner_);
+  for (int i = 0; i < 3; ++i) must(db.enqueue(job()));
+  db.fail_nth(op::claim, 1, errc::shutting_down);
+  must(db.enqueue(job()));  // other operations are untouched
+  EXPECT_EQ(db.claim("default", 1, "w", true).error(), errc::shutting_down);  // either overload
+  EXPECT_THAT(must(db.claim("default", 10, "w", false)), SizeIs(4));
+  EXPECT_EQ(db.calls(op::claim), 2);
+  db.fail_nth(op::read_job, 1, errc::database_error);
+  db.clear_faults();
+  EXPECT_TRUE(db.read_job(1));
+}
+
+TEST_F(sqlite_faulty_store, after_apply_the_write_is_durable_but_reported_in_doubt) {
+  faulty_store db(*inner_);
+  db.fail_after_apply_nth(op::enqueue, 1);
+  EXPECT_EQ(db.enqueue(job()).error(), errc::commit_in_doubt);
+  const auto claimed = must(db.claim("default", 10, "w"));
+  ASSERT_THAT(claimed, SizeIs(1));  // the enqueue did land
+  const auto a = claimed[0].attempt;
+
+  db.fail_after_apply_nth(op::complete, 1);
+  const completion c{a, R"({"n": 1})"};
+  EXPECT_EQ(db.complete(std::span(&c, 1)).error(), errc::commit_in_doubt);
+  EXPECT_EQ(must(db.reconcile(a)), attempt_evidence::completed_by_this);  // case 1: accept
+  EXPECT_EQ(must(inner_->read_job(a.job_id)).state, job_state::completed);
+  EXPECT_EQ(db.forwarded(op::complete), 1);
+}
+
+TEST_F(sqlite_faulty_store, after_apply_passes_on_the_stores_own_error) {
+  faulty_store db(*inner_);
+  must(db.enqueue(job()));
+  const auto a = must(db.claim("default", 1, "w")).at(0).attempt;
+  ASSERT_TRUE(must(db.cancel_job(a.job_id)));
+  db.fail_after_apply_nth(op::fail, 1);
+  EXPECT_EQ(db.fail(a, "late", fail_disposition::retry).error(), errc::stale_attempt);
+}
+
+TEST_F(sqlite_faulty_store, a_lost_connection_refuses_every_call_until_restored) {
+  faulty_store db(*inner_);
+  const auto id = must(db.enqueue(job()));
+  db.lose_connection();
+  for (std::size_t i = 0; i < k_op_count; ++i) {
+    const auto o = static_cast<op>(i);
+    EXPECT_EQ(call(db, o), errc::database_unavailable) << to_string(o);
+    EXPECT_EQ(db.calls(o), o == op::enqueue ? 2 : 1) << to_string(o);
+  }
+  // Nothing reached the store: the job is still the only one, and still available.
+  EXPECT_EQ(must(inner_->read_job(id)).state, job_state::available);
+  EXPECT_EQ(inner_->read_job(id + 1).error(), errc::job_not_found);
+  EXPECT_EQ(db.forwarded(op::claim), 0);
+
+  db.restore_connection();
+  EXPECT_THAT(must(db.claim("default", 10, "w")), SizeIs(1));
+}
+
+TEST_F(sqlite_faulty_store, faults_are_counted_exactly_across_threads) {
+  faulty_store db(*inner_);
+  db.fail_nth(op::enqueue, 50, errc::database_unavailable);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 25; ++i) {
+        if (!db.enqueue(job())) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 1);
+  EXPECT_EQ(db.calls(op::enqueue), 100);
+  EXPECT_THAT(must(inner_->claim("default", 1000, "w")), SizeIs(99));
+}
+
+}  // namespace
+}  // namespace tenure::sqlite
