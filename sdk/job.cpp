@@ -24,6 +24,13 @@ bool has_control_chars(std::string_view s) noexcept {
   return false;
 }
 
+/// Characters, not bytes, as PostgreSQL's length() counts them (UTF-8 continuation bytes skipped).
+std::size_t char_count(std::string_view s) noexcept {
+  std::size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
 }  // namespace
 
 std::string_view to_string(job_state s) noexcept {
@@ -41,10 +48,10 @@ result<job_state> parse_job_state(std::string_view s) noexcept {
 }
 
 result<void> validate(const new_job& job) noexcept {
-  if (job.kind.empty() || job.kind.size() > k_max_kind_size || has_control_chars(job.kind)) {
+  if (job.kind.empty() || char_count(job.kind) > k_max_kind_size || has_control_chars(job.kind)) {
     return errc::invalid_argument;
   }
-  if (job.queue.empty() || job.queue.size() > k_max_queue_size || has_control_chars(job.queue)) {
+  if (job.queue.empty() || char_count(job.queue) > k_max_queue_size || has_control_chars(job.queue)) {
     return errc::invalid_argument;
   }
   if (job.priority < k_min_priority || job.priority > k_max_priority) return errc::invalid_argument;

@@ -51,6 +51,10 @@ result<std::unique_ptr<connection>> connection::open(const std::string& dsn, std
     if (detail) *detail = "cannot connect to the database: " + msg;
     return errc::database_unavailable;
   }
+  // Server NOTICEs go to the log at debug level, never to the program's stderr.
+  PQsetNoticeProcessor(
+      c, [](void*, const char* message) { spdlog::debug("tenure.pg: server notice: {}", one_line(message)); },
+      nullptr);
   std::unique_ptr<connection> conn{new connection(c)};
   // UTC everywhere: timestamps cross this boundary as text or epoch microseconds.
   std::string setup = "SET TimeZone = 'UTC'";

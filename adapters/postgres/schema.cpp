@@ -126,7 +126,8 @@ result<void> grant(std::string_view dsn, grant_kind kind, std::string_view role,
   if (version != known_schema_version()) {
     if (detail) {
       *detail = "schema '" + std::string{schema} + "' is at version " + std::to_string(version) +
-                ", expected " + std::to_string(known_schema_version()) + " (run tenure migrate)";
+                ", expected " + std::to_string(known_schema_version()) +
+                (version < known_schema_version() ? " (run tenure migrate)" : " (upgrade tenure)");
     }
     return errc::schema_mismatch;
   }

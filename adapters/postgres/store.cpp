@@ -63,6 +63,16 @@ struct statements {
 };
 
 param text(std::string_view s) { return std::string{s}; }
+
+/// JSON text of a job's args; nullopt when they cannot be serialized (e.g. invalid UTF-8).
+std::optional<std::string> args_json(const nlohmann::json& args) {
+  if (args.is_null()) return "{}";
+  try {
+    return args.dump();
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+}
 param number(std::int64_t v) { return std::to_string(v); }
 
 }  // namespace
@@ -159,7 +169,9 @@ result<std::unique_ptr<store>> store::open(store_options options, std::string* d
 
 result<std::int64_t> store::enqueue(const new_job& job) {
   TENURE_TRYV(validate(job));
-  std::vector<param> params{text(job.kind), job.args.is_null() ? "{}" : job.args.dump(), text(job.queue),
+  auto args = args_json(job.args);
+  if (!args) return errc::invalid_argument;
+  std::vector<param> params{text(job.kind), std::move(args), text(job.queue),
                             number(job.priority),
                             job.run_at ? param{detail::timestamp_text(*job.run_at)} : std::nullopt,
                             number(job.max_attempts)};
@@ -174,7 +186,8 @@ result<std::vector<std::int64_t>> store::enqueue_batch(std::span<const new_job> 
   for (const auto& j : jobs) {
     TENURE_TRYV(validate(j));
     kinds.emplace_back(j.kind);
-    args.emplace_back(j.args.is_null() ? "{}" : j.args.dump());
+    args.emplace_back(args_json(j.args));
+    if (!args.back()) return errc::invalid_argument;
     queues.emplace_back(j.queue);
     priorities.push_back(j.priority);
     max_attempts.push_back(j.max_attempts);

@@ -37,7 +37,15 @@ auto guarded(soci::session& session, const char* what, Fn&& fn) -> decltype(fn()
   }
 }
 
-std::string args_text(const new_job& job) { return job.args.is_null() ? "{}" : job.args.dump(); }
+/// JSON text of a job's args; nullopt when they cannot be serialized (e.g. invalid UTF-8).
+std::optional<std::string> args_text(const new_job& job) {
+  if (job.args.is_null()) return "{}";
+  try {
+    return job.args.dump();
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+}
 
 }  // namespace
 
@@ -73,7 +81,9 @@ result<std::int64_t> enqueue(soci::session& session, const new_job& job, const s
   if (!postgres::valid_schema_name(options.schema)) return errc::invalid_argument;
   return guarded(session, "enqueue", [&]() -> result<std::int64_t> {
     long long id = 0;
-    std::string kind = job.kind, args = args_text(job), queue = job.queue;
+    auto maybe_args = args_text(job);
+    if (!maybe_args) return errc::invalid_argument;
+    std::string kind = job.kind, args = *maybe_args, queue = job.queue;
     std::string run_at = job.run_at ? postgres::detail::timestamp_text(*job.run_at) : std::string{};
     soci::indicator run_at_ind = job.run_at ? soci::i_ok : soci::i_null;
     int priority = job.priority, max_attempts = job.max_attempts;
@@ -96,6 +106,7 @@ result<std::vector<std::int64_t>> enqueue_batch(soci::session& session, std::spa
     TENURE_TRYV(validate(j));
     kinds.emplace_back(j.kind);
     args.emplace_back(args_text(j));
+    if (!args.back()) return errc::invalid_argument;
     queues.emplace_back(j.queue);
     run_ats.push_back(j.run_at ? std::optional{postgres::detail::timestamp_text(*j.run_at)} : std::nullopt);
     priorities.push_back(j.priority);

@@ -669,7 +669,12 @@ BEGIN
       RETURN false;
     END IF;
   END LOOP;
-  RAISE EXCEPTION 'job % not found', cancel_job.job_id USING ERRCODE = 'TN003';
+  IF NOT EXISTS (SELECT 1 FROM @schema@.jobs x WHERE x.id = cancel_job.job_id) THEN
+    RAISE EXCEPTION 'job % not found', cancel_job.job_id USING ERRCODE = 'TN003';
+  END IF;
+  -- The job kept moving between tables under us: a conflict the caller may simply retry.
+  RAISE EXCEPTION 'job % changed state while being cancelled; try again', cancel_job.job_id
+    USING ERRCODE = '40001';
 END $$;
 
 -- Admin retry of a finished job (completed, failed, cancelled, dead-lettered): runnable again at
