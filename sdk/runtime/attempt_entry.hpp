@@ -57,7 +57,8 @@ struct attempt_entry {
   std::optional<std::string> progress;
 
   // Control-thread state.
-  bool in_doubt = false;  ///< a flush carrying this completion had an unknown outcome
+  bool in_doubt = false;       ///< a flush carrying this completion had an unknown outcome
+  bool handler_done = false;   ///< the handler returned; the outcome is being recorded
 
  private:
   mutable std::once_flag args_once;

@@ -358,6 +358,7 @@ struct runtime::impl {
 
   void on_outcome(const entry_ptr& entry, job_outcome outcome) {
     --running_handlers;
+    entry->handler_done = true;
     const auto& a = entry->claim;
     if (abandoning) {
       spdlog::warn("tenure: job {} lease {} queue {} finished after the shutdown timeout; its attempt stays "
@@ -646,6 +647,9 @@ struct runtime::impl {
             }
             std::set<attempt_id> live(r.value().begin(), r.value().end());
             for (const auto& e : entries) {
+              // An attempt whose handler already returned is settled by its own flush or write
+              // (which may just have closed it, racing this heartbeat): nothing to cancel.
+              if (e->handler_done || !in_flight.contains(e->claim.attempt)) continue;
               if (!live.contains(e->claim.attempt) && !e->is_cancelled()) {
                 const auto& c = e->claim;
                 spdlog::warn("tenure: job {} lease {} queue {} is no longer live (rescued or cancelled); "
