@@ -1,0 +1,163 @@
+// worker_process DSN SCHEMA WORKER_NAME
+//
+// One tenure worker process for the multi-process test (multiprocess_pgtest.cpp). It runs the
+// PostgreSQL runtime on queue "default" with a handler for kind "exec" that records every
+// execution in <schema>.executions (job_id, run_lease, worker) through its own libpq connection
+// (one per handler thread), commits that row, works 1-3 ms, then reports the job completed.
+// Every session of the process (runtime and handlers) is named tenure-mp-<WORKER_NAME>.
+//
+// stdout carries only the protocol with the test: "ready" once the runtime started, and
+// "completed=<n> stale=<n>" after a SIGTERM/SIGINT made it stop (then it exits 0). Logs go to
+// stderr. It never exits on its own otherwise.
+#include <libpq-fe.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "tenure/postgres/runtime.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+
+/// One libpq session per handler thread, reopened when it broke.
+class exec_recorder {
+ public:
+  exec_recorder(std::string dsn, std::string schema, std::string worker, std::string application_name)
+      : dsn_(std::move(dsn)), worker_(std::move(worker)), app_(std::move(application_name)),
+        sql_("INSERT INTO " + schema + ".executions (job_id, run_lease, worker) VALUES ($1::bigint, $2::bigint, $3)") {}
+
+  /// Inserts and commits one execution row; throws when it could not (the runtime then retries
+  /// the job, which is what a real handler failing its effect looks like).
+  void record(std::int64_t job_id, std::int64_t run_lease) const {
+    struct conn_holder {
+      PGconn* c = nullptr;
+      ~conn_holder() {
+        if (c) PQfinish(c);
+      }
+    };
+    thread_local conn_holder conn;
+    if (conn.c == nullptr || PQstatus(conn.c) != CONNECTION_OK) {
+      if (conn.c) PQfinish(conn.c);
+      // Named like the runtime's own sessions, so the test sees every session of this process.
+      const char* keys[] = {"dbname", "application_name", nullptr};
+      const char* vals[] = {dsn_.c_str(), app_.c_str(), nullptr};
+      conn.c = PQconnectdbParams(keys, vals, /*expand_dbname=*/1);
+      if (PQstatus(conn.c) != CONNECTION_OK) {
+        std::string msg = PQerrorMessage(conn.c);
+        PQfinish(conn.c);
+        conn.c = nullptr;
+        throw std::runtime_error("executions: cannot connect: " + msg);
+      }
+    }
+    const std::string id = std::to_string(job_id), lease = std::to_string(run_lease);
+    const char* values[] = {id.c_str(), lease.c_str(), worker_.c_str()};
+    // BEGIN; INSERT; COMMIT as one autocommit statement: the row is durable when this returns.
+    PGresult* r = PQexecParams(conn.c, sql_.c_str(), 3, nullptr, values, nullptr, nullptr, 0);
+    const bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+    std::string err = ok ? "" : PQresultErrorMessage(r);
+    PQclear(r);
+    if (!ok) throw std::runtime_error("executions insert failed: " + err);
+  }
+
+ private:
+  std::string dsn_;
+  std::string worker_;
+  std::string app_;
+  std::string sql_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: %s DSN SCHEMA WORKER_NAME\n", argv[0]);
+    return 2;
+  }
+  const std::string dsn = argv[1], schema = argv[2], name = argv[3];
+
+  // Block the stop signals in every thread (threads inherit the mask); main waits for them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  // Logs to stderr: stdout is the protocol with the test.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("tenure-" + name));
+  spdlog::set_pattern("%H:%M:%S.%e [%n] %l %v");
+  spdlog::set_level(spdlog::level::info);
+
+  tenure::postgres::runtime_options opt;
+  opt.dsn = dsn;
+  opt.schema = schema;
+  opt.application_name = "tenure-mp-" + name;
+  auto& cfg = opt.runtime;
+  cfg.queues = {{.name = "default", .max_concurrency = 16}};
+  cfg.heartbeat_interval = 200ms;
+  // Not 3 x heartbeat: at start-up three processes open ~60 sessions at once, and on a loaded
+  // 2-core machine a session takes up to ~1 s to open. The runtime opens its pool lazily, so the
+  // first heartbeats wait for that; with 600 ms the leader rescued live attempts of a survivor.
+  cfg.staleness = 2'000ms;
+  cfg.maintenance_interval = 100ms;
+  cfg.poll_interval = 100ms;
+  cfg.flush_delay = 2ms;
+  cfg.shutdown_timeout = 10s;
+  cfg.worker_id = "mp-" + name;
+
+  std::string why;
+  auto made = tenure::postgres::make_runtime(opt, &why);
+  if (!made) {
+    std::fprintf(stderr, "worker %s: make_runtime failed: %s: %s\n", name.c_str(), made.error().message().c_str(),
+                 why.c_str());
+    return 1;
+  }
+  auto rt = std::move(made).value();
+
+  const exec_recorder recorder{dsn, schema, name, opt.application_name};
+  rt->handle("exec", [&recorder](tenure::job_context& ctx) {
+    recorder.record(ctx.job_id(), ctx.run_lease());
+    // Then a little more work (1-3 ms): at any moment this process holds attempts that have
+    // executed (their row is committed) but are not completed yet, which a crash makes run again.
+    thread_local std::mt19937 rng{std::random_device{}()};
+    std::this_thread::sleep_for(std::chrono::microseconds{1000 + rng() % 2000});
+    return tenure::job_outcome::completed();
+  });
+
+  std::atomic<std::uint64_t> completed{0};
+  rt->on_event([&completed](const tenure::job_event& e) {
+    if (e.event == tenure::lifecycle_event::completed) completed.fetch_add(1, std::memory_order_relaxed);
+  });
+
+  if (auto started = rt->start(); !started) {
+    std::fprintf(stderr, "worker %s: start failed: %s\n", name.c_str(), started.error().message().c_str());
+    return 1;
+  }
+  std::printf("ready\n");
+  std::fflush(stdout);
+
+  int sig = 0;
+  while (sigwait(&stop_signals, &sig) != 0) {
+  }
+  spdlog::info("worker {}: signal {}, stopping", name, sig);
+  rt->stop();
+  const auto m = rt->metrics();
+  std::printf("completed=%llu stale=%llu\n", static_cast<unsigned long long>(completed.load()),
+              static_cast<unsigned long long>(m.stale_rejected));
+  std::fflush(stdout);
+  spdlog::info("worker {}: completed={} stale={} claimed={} rescued={} database_errors={}", name, completed.load(),
+               m.stale_rejected, m.claimed, m.rescued, m.database_errors);
+  rt.reset();
+  return 0;
+}
