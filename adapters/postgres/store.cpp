@@ -164,6 +164,13 @@ result<std::unique_ptr<store>> store::open(store_options options, std::string* d
     return errc::schema_mismatch;
   }
   p->idle.push_back(std::move(c).value());
+  // Open the whole pool now: a connection opened on demand under load can take a second, and a
+  // heartbeat waiting for one is how a live attempt ends up rescued.
+  for (int i = 1; i < p->opt.pool_size; ++i) {
+    auto more = connection::open(p->opt.dsn, detail, p->opt.application_name);
+    if (!more) return more.error();
+    p->idle.push_back(std::move(more).value());
+  }
   return std::unique_ptr<store>(new store(std::move(p)));
 }
 

@@ -34,6 +34,12 @@ using std::chrono::milliseconds;
 struct queue_options {
   std::string name = "default";
   int max_concurrency = 16;  ///< capacity permits: attempts of this queue in flight at once
+  /// Settings stored with the queue in the database, shared by every worker of the queue. When
+  /// given, start() writes them; when empty, whatever the database holds applies.
+  std::optional<milliseconds> hard_deadline;  ///< an attempt running longer is rescued
+  std::optional<bool> dead_letter;            ///< failed jobs go to the dead-letter table
+  std::optional<milliseconds> backoff_base;   ///< retry backoff: base ...
+  std::optional<milliseconds> backoff_cap;    ///< ... and cap
 };
 
 /// Runtime settings. Durations are validated by runtime::create().
@@ -186,7 +192,9 @@ class runtime {
   /// Called after each durably applied transition, on the control thread: keep it short.
   void on_event(event_hook hook);
 
-  /// Starts claiming. errc::invalid_argument when no handler is registered.
+  /// Writes the queue settings given in the config, then starts claiming.
+  /// errc::invalid_argument when no handler is registered; the storage's error when the queue
+  /// settings cannot be written.
   result<void> start();
   /// Graceful shutdown (idempotent, noexcept): stop claiming, let handlers finish within
   /// shutdown_timeout while heartbeats continue, flush every pending completion, then return.

@@ -682,8 +682,18 @@ struct runtime::impl {
     }
     maintenance_running = true;
     const auto stale_after = std::chrono::duration_cast<sdk::microseconds>(staleness());
+    // The leader knows its own running attempts are alive: it refreshes them right before the
+    // rescue, so a slow heartbeat (a busy pool, a slow connect) never makes it rescue itself.
+    std::vector<attempt_id> own;
+    for (const auto& [id, e] : in_flight) {
+      if (!e->handler_done) own.push_back(id);
+    }
     on_db(
-        [this, stale_after]() -> result<std::vector<sdk::rescued_attempt>> {
+        [this, stale_after, own = std::move(own)]() -> result<std::vector<sdk::rescued_attempt>> {
+          if (!own.empty()) {
+            auto refreshed = store->heartbeat(own);
+            if (!refreshed) return refreshed.error();
+          }
           auto promoted = store->promote_due();
           if (!promoted) return promoted.error();
           return store->rescue_stale(stale_after);
@@ -842,6 +852,19 @@ result<void> runtime::start() {
   if (d.handlers.empty()) {
     spdlog::error("tenure: runtime::start() with no handler registered");
     return errc::invalid_argument;
+  }
+  for (const auto& q : d.cfg.queues) {
+    if (!q.hard_deadline && !q.dead_letter && !q.backoff_base && !q.backoff_cap) continue;
+    sdk::queue_settings st;
+    if (q.hard_deadline) st.hard_deadline = std::chrono::duration_cast<sdk::microseconds>(*q.hard_deadline);
+    st.dead_letter = q.dead_letter.value_or(false);
+    if (q.backoff_base) st.backoff_base = std::chrono::duration_cast<sdk::microseconds>(*q.backoff_base);
+    if (q.backoff_cap) st.backoff_cap = std::chrono::duration_cast<sdk::microseconds>(*q.backoff_cap);
+    auto written = d.store->configure_queue(q.name, st);
+    if (!written) {
+      spdlog::error("tenure: cannot write the settings of queue {}: {}", q.name, written.error().message());
+      return written.error();
+    }
   }
   if (d.cfg.metrics_port) {
     auto server = detail::metrics_server::start(d.cfg.metrics_address, *d.cfg.metrics_port,

@@ -357,6 +357,24 @@ TEST_F(runtime_pg, metrics_are_served_in_prometheus_text) {
   rt->stop();
 }
 
+TEST_F(runtime_pg, queue_hard_deadline_from_the_config_rescues_a_long_attempt) {
+  const auto id = enqueue("endless", "{}", "default", 1);
+  auto cfg = fast_config();
+  cfg.queues = {{.name = "default", .max_concurrency = 2, .hard_deadline = 300ms}};
+  auto rt = make(cfg);
+  std::atomic<bool> cancelled{false};
+  rt->handle("endless", [&](job_context& ctx) {
+    cancelled = ctx.wait_cancelled(20s);  // heartbeats keep it fresh; only the deadline can stop it
+    return job_outcome::completed();
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return cancelled.load(); }, 10s));
+  ASSERT_TRUE(eventually([&] { return state_of(id) == "failed"; }));
+  EXPECT_EQ(db_.scalar("SELECT last_error FROM " + s("jobs") + " WHERE id = $1", {id}), "rescued: hard deadline passed");
+  EXPECT_GE(rt->metrics().rescued, 1u);
+  rt->stop();
+}
+
 TEST_F(runtime_pg, create_refuses_staleness_below_twice_the_heartbeat) {
   auto cfg = fast_config();
   cfg.heartbeat_interval = 1s;

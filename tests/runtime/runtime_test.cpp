@@ -169,6 +169,12 @@ TEST_F(runtime_unit, a_heartbeat_that_finds_the_attempt_gone_cancels_the_handler
   const auto id = enqueue();
   auto rt = make(config());
   std::atomic<bool> started{false}, cancelled{false};
+  std::mutex mu;
+  std::vector<std::int64_t> completed_leases;
+  rt->on_event([&](const job_event& e) {
+    std::lock_guard lock(mu);
+    if (e.event == lifecycle_event::completed) completed_leases.push_back(e.attempt.run_lease);
+  });
   rt->handle("k", [&](job_context& ctx) {
     if (ctx.run_lease() > 1) return job_outcome::completed();  // the re-run after the rescue
     started = true;
@@ -182,35 +188,62 @@ TEST_F(runtime_unit, a_heartbeat_that_finds_the_attempt_gone_cancels_the_handler
   rt->heartbeat_now();
   ASSERT_TRUE(eventually([&] { return rt->metrics().stale_rejected == 1; }));
   EXPECT_TRUE(cancelled.load());
-  EXPECT_EQ(rt->metrics().completed, 0u);
   ASSERT_TRUE(eventually([&] { return rt->metrics().completed == 1; })) << "re-run under a new lease";
   rt->stop();
   EXPECT_EQ(state(id), job_state::completed);
   EXPECT_EQ(inner_->read_job(id).value().run_lease, 2);
+  std::lock_guard lock(mu);
+  EXPECT_EQ(completed_leases, std::vector<std::int64_t>{2}) << "no completed hook for the stale lease 1";
 }
 
 TEST_F(runtime_unit, maintenance_rescues_by_the_injected_clock_and_flags_the_local_handler) {
+  // A hard deadline is the one rescue the leader applies to its own attempts: their staleness it
+  // refreshes itself right before rescuing (a live attempt of the leader is never stale).
+  ASSERT_TRUE(inner_->configure_queue("default", false, std::chrono::microseconds{10s}));
   enqueue();
   auto c = config();
   c.heartbeat_interval = 10s;  // staleness 30 s; timers never fire during the test
   auto rt = make(c);
   std::atomic<bool> started{false}, cancelled{false};
   rt->handle("k", [&](job_context& ctx) {
-    if (ctx.run_lease() > 1) return job_outcome::completed();  // the re-run after the rescue
+    if (ctx.run_lease() > 1) return job_outcome::completed();
     started = true;
     cancelled = ctx.wait_cancelled(10s);
     return job_outcome::completed();
   });
   ASSERT_TRUE(rt->start());
   ASSERT_TRUE(eventually([&] { return started.load(); }));
+  clock_.advance(9s);
   rt->maintenance_now();
-  EXPECT_EQ(rt->metrics().rescued, 0u) << "fresh attempt";
-  clock_.advance(31s);
+  EXPECT_EQ(rt->metrics().rescued, 0u) << "before its deadline";
+  clock_.advance(40s);  // past the deadline, and past staleness: only the deadline applies
   rt->maintenance_now();
   EXPECT_EQ(rt->metrics().rescued, 1u);
   ASSERT_TRUE(eventually([&] { return cancelled.load(); }));
   ASSERT_TRUE(eventually([&] { return rt->metrics().stale_rejected == 1; }));
   rt->stop();
+}
+
+TEST_F(runtime_unit, the_maintenance_leader_never_rescues_its_own_live_attempts_for_staleness) {
+  enqueue();
+  auto c = config();
+  c.heartbeat_interval = 10s;  // staleness 30 s; the heartbeat timer never fires in the test
+  auto rt = make(c);
+  std::atomic<bool> started{false}, release{false};
+  rt->handle("k", [&](job_context&) {
+    started = true;
+    while (!release.load()) std::this_thread::sleep_for(1ms);
+    return job_outcome::completed();
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return started.load(); }));
+  clock_.advance(5min);  // its heartbeat is long overdue (as when the pool was starved)
+  rt->maintenance_now();
+  EXPECT_EQ(rt->metrics().rescued, 0u);
+  release = true;
+  ASSERT_TRUE(eventually([&] { return rt->metrics().completed == 1; }));
+  rt->stop();
+  EXPECT_EQ(rt->metrics().stale_rejected, 0u);
 }
 
 TEST_F(runtime_unit, stop_flushes_every_pending_completion_at_once) {
@@ -258,9 +291,10 @@ TEST_F(runtime_unit, claim_failures_back_off_and_recover) {
   rt->handle("k", [](job_context&) { return job_outcome::completed(); });
   faulty_->lose_connection();
   ASSERT_TRUE(rt->start());
-  ASSERT_TRUE(eventually([&] { return faulty_->calls(op::claim) >= 3; }));
+  ASSERT_TRUE(eventually([&] { return rt->metrics().database_errors >= 3; }));
+  EXPECT_GE(faulty_->calls(op::claim), 3);
+  EXPECT_EQ(faulty_->forwarded(op::claim), 0) << "nothing reached the database";
   EXPECT_EQ(rt->metrics().completed, 0u);
-  EXPECT_GE(rt->metrics().database_errors, 3u);
   faulty_->restore_connection();
   ASSERT_TRUE(eventually([&] { return rt->metrics().completed == 1; }));
   rt->stop();

@@ -249,8 +249,16 @@ DECLARE
   v_id  bigint;
   v_now timestamptz := now();
 BEGIN
-  PERFORM @schema@.check_job(enqueue.kind, enqueue.queue, enqueue.priority, enqueue.max_attempts,
-                             'tenure.enqueue');
+  -- The common case is checked inline (a simple expression, no extra call); check_job words
+  -- the error when something is off.
+  IF enqueue.kind IS NULL OR enqueue.kind = '' OR length(enqueue.kind) > 255
+     OR enqueue.queue IS NULL OR enqueue.queue = '' OR length(enqueue.queue) > 128
+     OR enqueue.priority IS NULL OR enqueue.priority NOT BETWEEN 1 AND 4
+     OR enqueue.max_attempts IS NULL OR enqueue.max_attempts < 1
+     OR enqueue.kind ~ '[[:cntrl:]]' OR enqueue.queue ~ '[[:cntrl:]]' THEN
+    PERFORM @schema@.check_job(enqueue.kind, enqueue.queue, enqueue.priority, enqueue.max_attempts,
+                               'tenure.enqueue');
+  END IF;
   v_id := nextval('@schema@.job_id_seq');
   IF enqueue.run_at IS NULL OR enqueue.run_at <= v_now THEN
     INSERT INTO @schema@.ready (id, queue, kind, args, priority, attempt, max_attempts, run_lease,
