@@ -10,6 +10,9 @@
 #include <thread>
 #include <unordered_map>
 
+#include <libpq-fe.h>
+#include <poll.h>
+
 #include "cli/pg_session.hpp"
 #include "tenure/postgres/runtime.hpp"
 #include "tenure/postgres/schema.hpp"
@@ -251,11 +254,51 @@ nlohmann::json run_sql_limit(const options& o, const std::string& schema) {
           {"peak_rss_mb", std::round(peak_rss_mb() * 10) / 10}};
 }
 
+/// Counts the NOTIFYs sent on the schema's wake channel while it runs.
+class notify_counter {
+ public:
+  notify_counter(const std::string& dsn, const std::string& schema) : conn_(PQconnectdb(dsn.c_str())) {
+    if (PQstatus(conn_) != CONNECTION_OK) throw std::runtime_error("bench: listener cannot connect");
+    PQclear(PQexec(conn_, ("LISTEN " + schema + "_wake").c_str()));
+    thread_ = std::thread([this] {
+      while (!stop_.load()) {
+        pollfd pfd{PQsocket(conn_), POLLIN, 0};
+        if (::poll(&pfd, 1, 50) > 0) {
+          PQconsumeInput(conn_);
+          while (PGnotify* n = PQnotifies(conn_)) {
+            ++count_;
+            PQfreemem(n);
+          }
+        }
+      }
+    });
+  }
+  ~notify_counter() {
+    stop_ = true;
+    thread_.join();
+    PQfinish(conn_);
+  }
+  long count() const { return count_.load(); }
+
+ private:
+  PGconn* conn_;
+  std::atomic<bool> stop_{false};
+  std::atomic<long> count_{0};
+  std::thread thread_;
+};
+
 /// What web backends do on every request: BEGIN, a business insert, enqueue, COMMIT; with a
 /// runtime draining concurrently.
 nlohmann::json run_enqueue_single(const options& o, const std::string& schema) {
   pg_session admin(o.dsn);
   admin.query("CREATE TABLE " + schema + ".business (id bigserial PRIMARY KEY, note text)", {}, "bench: setup");
+  if (o.notify_always) {
+    // A waiter that never leaves: every enqueue now sends a NOTIFY.
+    admin.query("INSERT INTO " + schema + ".waiters (queue, worker, since) VALUES ('" + k_queue +
+                    "', 'bench-notify-always', 'infinity')",
+                {}, "bench: setup");
+  }
+  notify_counter notifies(o.dsn, schema);
   std::mutex mu;
   std::unordered_map<std::int64_t, clock::time_point> committed, started;
   auto rt = make_runtime(o.dsn, schema, drain_config());
@@ -311,8 +354,9 @@ nlohmann::json run_enqueue_single(const options& o, const std::string& schema) {
       }
     }
   }
-  return {{"scenario", "enqueue-single"},
+  return {{"scenario", o.notify_always ? "enqueue-single-notify-always" : "enqueue-single"},
           {"producers", o.producers},
+          {"notifies_per_job", total.load() ? static_cast<double>(notifies.count()) / total.load() : 0.0},
           {"jobs", total.load()},
           {"enqueue_jobs_per_s", std::round(total.load() / produce_s)},
           {"drain_jobs_per_s", nullptr},

@@ -17,6 +17,9 @@ struct options {
   int pickup_samples = 200;      ///< runtime: low-load pickup latency samples
   int workers = 4;               ///< sql-limit: concurrent claim/complete connections
   bool keep_schema = false;
+  /// enqueue-single: make every enqueue pay for a NOTIFY (as a per-commit NOTIFY design would),
+  /// for an A/B against tenure's NOTIFY-only-while-a-worker-sleeps wake-up.
+  bool notify_always = false;
 };
 
 /// Runs one scenario; returns the JSON object it printed. Throws std::runtime_error with a

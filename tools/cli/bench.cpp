@@ -47,6 +47,8 @@ void register_bench(CLI::App& app, context& ctx) {
       ->capture_default_str();
   cmd->add_option("--workers", opts->workers, "sql-limit: connections")->check(CLI::Range(1, 64))->capture_default_str();
   cmd->add_flag("--keep-schema", opts->keep_schema, "Keep the bench schema for inspection");
+  cmd->add_flag("--notify-always", opts->notify_always,
+                "enqueue-single: every enqueue pays for a NOTIFY (the per-commit design, for comparison)");
   cmd->callback([&ctx, opts] {
     ctx.run = [&ctx, opts] {
       opts->dsn = ctx.database_url.empty() ? private_dsn() : ctx.database_url;
