@@ -348,6 +348,30 @@ TEST_F(sql_contract, complete_and_rescue_race_and_exactly_one_wins_per_attempt) 
   std::cout << "race: " << completed << " completed first, " << stale << " rescued first\n";
 }
 
+// The documented misuse: a savepoint that swallows TN001 lets the business writes commit without
+// the completion. It is the one way to separate them, and it is outside the contract (README).
+TEST_F(sql_contract, a_savepoint_that_swallows_tn001_is_the_one_way_to_separate_the_writes) {
+  db_.exec("CREATE TABLE " + s("business") + " (note text)");
+  enqueue("k");
+  const auto token = claim(1).at(0).token;
+  db_.exec("SELECT " + s("rescue_stale") + "('0 seconds')");  // the attempt is stale now
+  // Without a savepoint: TN001 aborts the transaction and the business write is lost with it.
+  db_.exec("BEGIN");
+  db_.exec("INSERT INTO " + s("business") + " VALUES ('without savepoint')");
+  EXPECT_EQ(db_.query("SELECT * FROM " + s("complete_job") + "($1)", {token}).sqlstate, "TN001");
+  db_.query("COMMIT");
+  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("business")), "0");
+  // With a savepoint that swallows the error: the write commits although the job did not complete.
+  db_.exec("BEGIN");
+  db_.exec("INSERT INTO " + s("business") + " VALUES ('with savepoint')");
+  db_.exec("SAVEPOINT swallow");
+  EXPECT_EQ(db_.query("SELECT * FROM " + s("complete_job") + "($1)", {token}).sqlstate, "TN001");
+  db_.exec("ROLLBACK TO SAVEPOINT swallow");
+  db_.exec("COMMIT");
+  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("business")), "1");
+  EXPECT_EQ(db_.scalar("SELECT state FROM " + s("jobs")), "available") << "the job did not complete";
+}
+
 TEST_F(sql_contract, concurrent_claimers_never_share_a_job) {
   const int n = 2000;
   db_.exec("SELECT " + s("enqueue_batch") +
