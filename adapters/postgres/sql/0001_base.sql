@@ -392,7 +392,11 @@ BEGIN
     RAISE EXCEPTION 'tenure.claim: max_jobs must be between 1 and 10000 (got %)', claim_attempts.max_jobs
       USING ERRCODE = '22023';
   END IF;
-  PERFORM @schema@.promote_due(claim_attempts.queue, 1000);
+  -- Promotion is a write statement; a probe of the due index is enough when nothing is due.
+  IF EXISTS (SELECT 1 FROM @schema@.deferred d
+              WHERE d.queue = claim_attempts.queue AND d.run_at <= now()) THEN
+    PERFORM @schema@.promote_due(claim_attempts.queue, 1000);
+  END IF;
   RETURN QUERY
   WITH picked AS (
     SELECT r.id FROM @schema@.ready r
@@ -419,7 +423,8 @@ BEGIN
     IF n = 0 AND claim_attempts.idle_mode = 'sleep' THEN
       INSERT INTO @schema@.waiters AS w (queue, worker) VALUES (claim_attempts.queue, claim_attempts.worker)
       ON CONFLICT (queue, worker) DO UPDATE SET since = now() WHERE w.since < now() - interval '1 minute';
-    ELSIF n > 0 THEN
+    ELSIF n > 0 AND EXISTS (SELECT 1 FROM @schema@.waiters w
+                             WHERE w.queue = claim_attempts.queue AND w.worker = claim_attempts.worker) THEN
       DELETE FROM @schema@.waiters w WHERE w.queue = claim_attempts.queue AND w.worker = claim_attempts.worker;
     END IF;
   END IF;
