@@ -115,6 +115,13 @@ class storage_port {
   virtual result<void> snooze(attempt_id attempt, microseconds delay) = 0;
   /// Cancels the live attempt itself (handler outcome). errc::stale_attempt when not live.
   virtual result<void> cancel_attempt(attempt_id attempt, std::string_view reason) = 0;
+  /// The progress the live attempt carried in from earlier attempts of its job (its checkpoint;
+  /// nullopt when none), never the attempt's own progress. errc::stale_attempt when not live.
+  /// A store without checkpoints answers errc::invalid_argument (this default).
+  virtual result<std::optional<std::string>> checkpoint(attempt_id attempt) {
+    (void)attempt;
+    return errc::invalid_argument;
+  }
 
   // ---- administration ---------------------------------------------------------------------
   /// Cancels a job that is not finished yet. false when it was already finished.

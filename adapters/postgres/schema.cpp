@@ -158,6 +158,7 @@ result<void> grant(std::string_view dsn, grant_kind kind, std::string_view role,
                    "rescue_attempts(interval)",
                    "promote_due(text, int)",
                    "attempt_evidence(bigint, bigint)",
+                   "attempt_checkpoint(bigint, bigint)",
                    "worker_idle(text, text)",
                    "worker_busy(text, text)"};
       selects = {"jobs", "schema_version"};

@@ -39,6 +39,8 @@ struct statements {
         snooze{"tenure_snooze", "SELECT " + s + ".snooze_attempt($1::bigint, $2::bigint, $3::interval)"},
         cancel_attempt{"tenure_cancel_attempt",
                        "SELECT " + s + ".cancel_attempt($1::bigint, $2::bigint, $3)"},
+        checkpoint{"tenure_checkpoint",
+                   "SELECT progress::text FROM " + s + ".attempt_checkpoint($1::bigint, $2::bigint)"},
         cancel_job{"tenure_cancel_job", "SELECT " + s + ".cancel_job($1::bigint)"},
         retry_job{"tenure_retry_job", "SELECT " + s + ".retry_job($1::bigint)"},
         read_job{"tenure_read_job",
@@ -58,7 +60,7 @@ struct statements {
                             "hard_deadline = excluded.hard_deadline, backoff_base = excluded.backoff_base, "
                             "backoff_cap = excluded.backoff_cap"} {}
 
-  statement enqueue, enqueue_batch, claim, heartbeat, complete, fail, snooze, cancel_attempt, cancel_job,
+  statement enqueue, enqueue_batch, claim, heartbeat, complete, fail, snooze, cancel_attempt, checkpoint, cancel_job,
       retry_job, read_job, rescue, promote, evidence, version, configure_queue;
 };
 
@@ -323,6 +325,13 @@ result<void> store::cancel_attempt(attempt_id attempt, std::string_view reason) 
                                    effect::write));
   if (!rows.boolean(0, 0)) return errc::stale_attempt;
   return success();
+}
+
+result<std::optional<std::string>> store::checkpoint(attempt_id attempt) {
+  TENURE_TRY(auto rows, impl_->run(impl_->st.checkpoint, {number(attempt.job_id), number(attempt.run_lease)},
+                                   effect::read));
+  if (rows.size() == 0) return errc::stale_attempt;
+  return rows.opt_text(0, 0);
 }
 
 result<bool> store::cancel_job(std::int64_t job_id) {

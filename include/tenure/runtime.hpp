@@ -119,7 +119,21 @@ class job_context {
   /// Sleeps up to `d`, returning early (true) when the attempt is cancelled.
   bool wait_cancelled(milliseconds d) const;
   /// Buffers progress locally; the next heartbeat flushes it, guarded by (job_id, run_lease).
+  /// Progress is stored as {"percent": n, "message": "...", "metadata": ...} (empty message and
+  /// null metadata left out). It is visible in tenure.jobs / `tenure job show`, and kept with the
+  /// job when the attempt retries, snoozes or is rescued (see previous_progress()).
   void set_progress(int percent, std::string message = {}, nlohmann::json metadata = nullptr);
+  /// Flushes buffered progress now, with a heartbeat, in one statement guarded by
+  /// (job_id, run_lease); blocks on the database (call it from the handler). true: applied.
+  /// false: the attempt is stale (rescued, cancelled or finished elsewhere); the context is then
+  /// cancelled. A database error is returned as is and the progress stays buffered for the next
+  /// heartbeat.
+  result<bool> flush_progress();
+  /// The progress the job's earlier attempts left behind (the checkpoint to resume from), or
+  /// nullopt on a first run or when no earlier attempt reported progress. Never this attempt's
+  /// own progress. Read from the database on first call, then cached. errc::stale_attempt when
+  /// the attempt is no longer live.
+  result<std::optional<nlohmann::json>> previous_progress();
 
  private:
   std::shared_ptr<detail::attempt_entry> entry_;

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tenure/job.hpp"
+#include "sdk/storage_port.hpp"
 
 namespace tenure::detail {
 
@@ -50,6 +51,12 @@ struct attempt_entry {
     });
     return args_json;
   }
+
+  /// The store, for the handler's own guarded calls (flush_progress, previous_progress).
+  std::shared_ptr<sdk::storage_port> store;
+  /// previous_progress(), once read (guarded by mu).
+  bool checkpoint_read = false;
+  std::optional<std::string> checkpoint;
 
   std::mutex mu;
   std::condition_variable cv;

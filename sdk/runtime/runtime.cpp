@@ -94,6 +94,42 @@ void job_context::set_progress(int percent, std::string message, nlohmann::json 
   if (!metadata.is_null()) p["metadata"] = std::move(metadata);
   entry_->put_progress(p.dump());
 }
+result<bool> job_context::flush_progress() {
+  const auto& a = entry_->claim.attempt;
+  auto progress = entry_->take_progress();
+  const std::optional<std::string> items[1] = {progress};
+  auto r = entry_->store->heartbeat(std::span<const attempt_id>{&a, 1},
+                                    progress ? std::span<const std::optional<std::string>>{items}
+                                             : std::span<const std::optional<std::string>>{});
+  if (!r) {
+    if (progress) entry_->restore_progress(*progress);
+    return r.error();
+  }
+  for (const auto& live : r.value()) {
+    if (live == a) return true;
+  }
+  entry_->cancel();  // rescued, cancelled or finished by someone else: the handler should stop
+  return false;
+}
+result<std::optional<nlohmann::json>> job_context::previous_progress() {
+  std::optional<std::string> text;
+  bool read = false;
+  {
+    std::lock_guard lock(entry_->mu);
+    read = entry_->checkpoint_read;
+    text = entry_->checkpoint;
+  }
+  if (!read) {
+    TENURE_TRY(text, entry_->store->checkpoint(entry_->claim.attempt));
+    std::lock_guard lock(entry_->mu);
+    entry_->checkpoint_read = true;
+    entry_->checkpoint = text;
+  }
+  if (!text) return std::optional<nlohmann::json>{};
+  auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return make_error_code(errc::protocol_error);
+  return std::optional<nlohmann::json>{std::move(j)};
+}
 
 std::string_view to_string(lifecycle_event e) noexcept {
   switch (e) {
@@ -325,6 +361,7 @@ struct runtime::impl {
 
   void start_attempt(claimed_attempt c) {
     auto entry = std::make_shared<attempt_entry>(std::move(c));
+    entry->store = store;
     const auto& a = entry->claim;
     in_flight.emplace(a.attempt, entry);
     m.in_flight.fetch_add(1, std::memory_order_relaxed);
