@@ -135,6 +135,22 @@ class job_context {
   /// the attempt is no longer live.
   result<std::optional<nlohmann::json>> previous_progress();
 
+  // ---- external callbacks (sequential: register, hand the id out, wait; repeat if needed) ----
+  /// Registers a callback for an external system, guarded by (job_id, run_lease), and returns
+  /// its fresh id (a UUID) to hand out. Registering again rotates the id (the old one becomes
+  /// unknown). `timeout`: how long the attempt may wait for it once parked (then it is rescued:
+  /// retried while attempts remain, else failed). errc::stale_attempt when the attempt is no
+  /// longer live (the context is then cancelled).
+  result<std::string> register_callback(milliseconds timeout);
+  /// Parks the attempt as waiting_external (same run lease; heartbeat staleness and the hard
+  /// deadline suspended; the callback timeout armed) and blocks until tenure.resume_callback
+  /// resumes it, returning the payload. A resume that arrived before this call returns at once.
+  /// The handler keeps its capacity permit meanwhile. Wakes on the resume NOTIFY, and polls with
+  /// backoff (20 ms .. 1 s) in case a NOTIFY is lost. errc::stale_attempt when the attempt was
+  /// cancelled, rescued (callback timeout), finished from outside (complete/fail_callback) or
+  /// the id was rotated; the context is then cancelled and the handler's outcome is discarded.
+  result<nlohmann::json> wait_for_callback(const std::string& callback_id);
+
  private:
   std::shared_ptr<detail::attempt_entry> entry_;
 };

@@ -27,6 +27,14 @@ struct attempt_entry {
     }
     cv.notify_all();
   }
+  /// A resume NOTIFY arrived for this attempt: wake wait_for_callback() to poll now. Any thread.
+  void poke() noexcept {
+    {
+      std::lock_guard lock(mu);
+      pokes.fetch_add(1, std::memory_order_acq_rel);
+    }
+    cv.notify_all();
+  }
   bool is_cancelled() const noexcept { return cancelled.load(std::memory_order_acquire); }
 
   /// Progress the handler buffered since the last heartbeat took it (JSON text).
@@ -61,6 +69,7 @@ struct attempt_entry {
   std::mutex mu;
   std::condition_variable cv;
   std::atomic<bool> cancelled{false};
+  std::atomic<std::uint64_t> pokes{0};
   std::optional<std::string> progress;
 
   // Control-thread state.

@@ -15,6 +15,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <algorithm>
 #include <deque>
 #include <future>
 #include <map>
@@ -110,6 +111,41 @@ result<bool> job_context::flush_progress() {
   }
   entry_->cancel();  // rescued, cancelled or finished by someone else: the handler should stop
   return false;
+}
+result<std::string> job_context::register_callback(milliseconds timeout) {
+  if (timeout.count() <= 0) return make_error_code(errc::invalid_argument);
+  auto id = entry_->store->register_callback(entry_->claim.attempt, timeout);
+  if (!id && id.error() == errc::stale_attempt) entry_->cancel();
+  return id;
+}
+result<nlohmann::json> job_context::wait_for_callback(const std::string& callback_id) {
+  using std::chrono::steady_clock;
+  milliseconds backoff{20};
+  constexpr milliseconds k_max_backoff{1'000};
+  for (;;) {
+    if (entry_->is_cancelled()) return make_error_code(errc::stale_attempt);
+    const auto pokes = entry_->pokes.load(std::memory_order_acquire);
+    auto r = entry_->store->await_callback(entry_->claim.attempt, callback_id);
+    if (r && r.value().resumed) {
+      auto j = nlohmann::json::parse(r.value().payload, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded()) return make_error_code(errc::protocol_error);
+      return j;
+    }
+    if (!r) {
+      if (r.error() == errc::stale_attempt) {
+        entry_->cancel();  // rescued, cancelled, finished from outside, or the id was rotated
+        return r.error();
+      }
+      if (r.error() == errc::invalid_argument) return r.error();  // the store has no callbacks
+      // A database error: keep waiting and ask again (the attempt stays parked or open).
+    }
+    // Sleep until the resume NOTIFY pokes us, the attempt is cancelled, or the backoff passes.
+    std::unique_lock lock(entry_->mu);
+    entry_->cv.wait_for(lock, backoff, [&] {
+      return entry_->is_cancelled() || entry_->pokes.load(std::memory_order_acquire) != pokes;
+    });
+    backoff = std::min(backoff * 2, k_max_backoff);
+  }
 }
 result<std::optional<nlohmann::json>> job_context::previous_progress() {
   std::optional<std::string> text;
@@ -804,6 +840,10 @@ struct runtime::impl {
       for (auto& s : r.value()) {
         if (s.what == sdk::signal::kind::wake) {
           on_ctl([this, q = std::move(s.queue)] { on_wake(q); });
+        } else if (s.what == sdk::signal::kind::resume) {
+          on_ctl([this, a = s.attempt] {
+            if (auto it = in_flight.find(a); it != in_flight.end()) it->second->poke();
+          });
         } else {
           on_ctl([this, a = s.attempt] {
             if (auto it = in_flight.find(a); it != in_flight.end()) {

@@ -1,5 +1,6 @@
 // Long attempts (issue 4) through the runtime against the real PostgreSQL: progress buffered by
-// the handler, forced guarded flushes, and progress kept across a retry as a checkpoint.
+// the handler, forced guarded flushes, progress kept across a retry as a checkpoint, and external
+// callbacks (register, wait, resume, cancel while waiting, callback timeout).
 #include <atomic>
 #include <mutex>
 
@@ -148,6 +149,240 @@ TEST_F(runtime_pg, rescue_keeps_the_heartbeated_progress_for_the_next_attempt) {
   EXPECT_TRUE(resumed_ok.load());
   EXPECT_EQ(db_.scalar("SELECT run_lease FROM " + s("jobs") + " WHERE id = $1", {id}), "2");
   a->stop();
+}
+
+/// A handler that registers a callback, publishes the id and waits for it.
+struct callback_probe {
+  std::mutex mu;
+  std::vector<std::string> ids;  ///< one per attempt, in order
+  std::atomic<int> waits_returned{0};
+  std::atomic<bool> last_stale{false};
+  std::atomic<bool> cancelled_after_wait{false};
+  std::string last_payload;
+  std::string id(std::size_t i) {
+    std::lock_guard lock(mu);
+    return i < ids.size() ? ids[i] : std::string{};
+  }
+};
+
+TEST_F(runtime_pg, wait_for_callback_parks_holds_the_permit_and_returns_the_resume_payload) {
+  const auto id = enqueue("external");
+  auto rt = make([] {
+    auto c = fast_config();
+    c.queues = {{.name = "default", .max_concurrency = 1}};
+    return c;
+  }());
+  callback_probe p;
+  std::atomic<bool> other_ran{false};
+  rt->handle("other", [&](job_context&) {
+    other_ran = true;
+    return job_outcome::completed();
+  });
+  rt->handle("external", [&](job_context& ctx) {
+    auto cb = ctx.register_callback(60s);
+    if (!cb) return job_outcome::fail("register: " + cb.error().message());
+    {
+      std::lock_guard lock(p.mu);
+      p.ids.push_back(cb.value());
+    }
+    auto payload = ctx.wait_for_callback(cb.value());
+    ++p.waits_returned;
+    if (!payload) return job_outcome::fail("wait: " + payload.error().message());
+    {
+      std::lock_guard lock(p.mu);
+      p.last_payload = payload.value().dump();
+    }
+    return job_outcome::completed(nlohmann::json{{"approved_by", payload.value().at("by")}});
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return state_of(id) == "waiting_external"; }));
+  const auto cb = p.id(0);
+  ASSERT_EQ(cb.size(), 36u);
+  // The waiting handler keeps its permit: with one permit, another job is not started.
+  const auto other = enqueue("other");
+  std::this_thread::sleep_for(600ms);  // several heartbeats, polls and maintenance passes
+  EXPECT_FALSE(other_ran.load());
+  EXPECT_EQ(state_of(id), "waiting_external") << "heartbeats and maintenance leave a waiting attempt alone";
+  EXPECT_EQ(p.waits_returned.load(), 0);
+  // Resume through the C++ client.
+  auto store = open_store();
+  auto resumed = store->resume_callback(cb, R"({"by": "alice"})");
+  ASSERT_TRUE(resumed);
+  EXPECT_TRUE(resumed.value());
+  auto again = store->resume_callback(cb, "{}");
+  ASSERT_TRUE(again);
+  EXPECT_FALSE(again.value()) << "already resolved";
+  ASSERT_TRUE(eventually([&] { return state_of(id) == "completed"; }, 10s));
+  EXPECT_EQ(p.waits_returned.load(), 1);
+  {
+    std::lock_guard lock(p.mu);
+    EXPECT_EQ(p.last_payload, R"({"by":"alice"})");
+  }
+  EXPECT_EQ(db_.scalar("SELECT run_lease || ':' || (progress->>'approved_by') FROM " + s("jobs") + " WHERE id = $1",
+                       {id}),
+            "1:alice")
+      << "same run lease from claim to completion";
+  ASSERT_TRUE(eventually([&] { return other_ran.load() && state_of(other) == "completed"; }));
+  rt->stop();
+}
+
+TEST_F(runtime_pg, the_resume_notify_wakes_the_waiting_handler_before_its_next_poll) {
+  const auto id = enqueue("external");
+  auto rt = make();
+  callback_probe p;
+  rt->handle("external", [&](job_context& ctx) {
+    auto cb = ctx.register_callback(60s);
+    if (!cb) return job_outcome::fail("register");
+    {
+      std::lock_guard lock(p.mu);
+      p.ids.push_back(cb.value());
+    }
+    auto payload = ctx.wait_for_callback(cb.value());
+    ++p.waits_returned;
+    return payload ? job_outcome::completed() : job_outcome::fail("wait");
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return state_of(id) == "waiting_external"; }));
+  std::this_thread::sleep_for(2500ms);  // the poll backoff is at its 1 s cap by now
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(db_.scalar("SELECT " + s("resume_callback") + "($1::uuid)", {p.id(0)}), "t");
+  ASSERT_TRUE(eventually([&] { return p.waits_returned.load() == 1; }, 5s));
+  // Polling alone would take up to 1 s here; the NOTIFY on <schema>_callback takes milliseconds.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 250ms);
+  ASSERT_TRUE(eventually([&] { return state_of(id) == "completed"; }));
+  rt->stop();
+}
+
+TEST_F(runtime_pg, resume_before_the_handler_waits_returns_at_once) {
+  const auto id = enqueue("external");
+  auto rt = make();
+  callback_probe p;
+  std::atomic<bool> go_wait{false};
+  rt->handle("external", [&](job_context& ctx) {
+    auto cb = ctx.register_callback(60s);
+    if (!cb) return job_outcome::fail("register");
+    {
+      std::lock_guard lock(p.mu);
+      p.ids.push_back(cb.value());
+    }
+    while (!go_wait.load()) std::this_thread::sleep_for(1ms);
+    auto payload = ctx.wait_for_callback(cb.value());
+    ++p.waits_returned;
+    if (!payload) return job_outcome::fail("wait");
+    return job_outcome::completed(payload.value());
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return !p.id(0).empty(); }));
+  EXPECT_EQ(db_.scalar("SELECT " + s("resume_callback") + "($1::uuid, '{\"early\": true}')", {p.id(0)}), "t");
+  EXPECT_EQ(state_of(id), "running");
+  go_wait = true;
+  ASSERT_TRUE(eventually([&] { return state_of(id) == "completed"; }, 5s));
+  EXPECT_EQ(db_.scalar("SELECT progress->>'early' FROM " + s("jobs") + " WHERE id = $1", {id}), "true");
+  rt->stop();
+}
+
+TEST_F(runtime_pg, admin_cancel_while_waiting_wakes_the_handler_with_cancellation) {
+  const auto id = enqueue("external");
+  auto rt = make();
+  callback_probe p;
+  std::atomic<long long> woke_ms{-1};
+  rt->handle("external", [&](job_context& ctx) {
+    auto cb = ctx.register_callback(60s);
+    if (!cb) return job_outcome::fail("register");
+    {
+      std::lock_guard lock(p.mu);
+      p.ids.push_back(cb.value());
+    }
+    auto payload = ctx.wait_for_callback(cb.value());
+    p.last_stale = !payload && payload.error() == errc::stale_attempt;
+    p.cancelled_after_wait = ctx.is_cancelled();
+    ++p.waits_returned;
+    return job_outcome::completed();  // stale: discarded
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return state_of(id) == "waiting_external"; }));
+  std::this_thread::sleep_for(2500ms);  // the poll backoff is at its 1 s cap by now
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(db_.scalar("SELECT " + s("cancel_job") + "($1)", {id}), "t");
+  ASSERT_TRUE(eventually([&] { return p.waits_returned.load() == 1; }, 5s));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms);
+  EXPECT_TRUE(p.last_stale.load());
+  EXPECT_TRUE(p.cancelled_after_wait.load());
+  ASSERT_TRUE(eventually([&] { return rt->metrics().stale_rejected == 1; }));
+  EXPECT_EQ(state_of(id), "cancelled");
+  EXPECT_EQ(db_.scalar("SELECT " + s("resume_callback") + "($1::uuid)", {p.id(0)}), "f");
+  rt->stop();
+}
+
+TEST_F(runtime_pg, callback_timeout_retries_while_attempts_remain_then_fails) {
+  auto store = open_store();
+  ASSERT_TRUE(store->configure_queue("default", {.backoff_base = 1ms, .backoff_cap = 5ms}));
+  const auto id = enqueue("external", "{}", "default", 2);
+  auto rt = make();
+  callback_probe p;
+  rt->handle("external", [&](job_context& ctx) {
+    auto cb = ctx.register_callback(150ms);
+    if (!cb) return job_outcome::fail("register");
+    {
+      std::lock_guard lock(p.mu);
+      p.ids.push_back(cb.value());
+    }
+    auto payload = ctx.wait_for_callback(cb.value());
+    if (!payload && payload.error() == errc::stale_attempt) p.last_stale = true;
+    ++p.waits_returned;
+    return job_outcome::completed();  // stale after a timeout: discarded
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return state_of(id) == "failed"; }, 15s));
+  ASSERT_TRUE(eventually([&] { return p.waits_returned.load() == 2; }));
+  EXPECT_TRUE(p.last_stale.load());
+  EXPECT_EQ(db_.scalar("SELECT attempt || ':' || run_lease || ':' || last_error FROM " + s("jobs") + " WHERE id = $1",
+                       {id}),
+            "2:2:rescued: callback timed out");
+  {
+    std::lock_guard lock(p.mu);
+    ASSERT_EQ(p.ids.size(), 2u);
+    EXPECT_NE(p.ids[0], p.ids[1]);
+  }
+  EXPECT_EQ(rt->metrics().completed, 0u);
+  rt->stop();
+}
+
+TEST_F(runtime_pg, extend_and_finish_a_waiting_attempt_from_the_cpp_client) {
+  const auto id = enqueue("external");
+  auto rt = make();
+  callback_probe p;
+  rt->handle("external", [&](job_context& ctx) {
+    auto cb = ctx.register_callback(300ms);
+    if (!cb) return job_outcome::fail("register");
+    {
+      std::lock_guard lock(p.mu);
+      p.ids.push_back(cb.value());
+    }
+    auto payload = ctx.wait_for_callback(cb.value());
+    p.last_stale = !payload && payload.error() == errc::stale_attempt;
+    ++p.waits_returned;
+    return job_outcome::retry("should be discarded");
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return state_of(id) == "waiting_external"; }));
+  auto store = open_store();
+  auto extended = store->extend_callback(p.id(0), std::chrono::hours{1});
+  ASSERT_TRUE(extended);
+  EXPECT_TRUE(extended.value());
+  std::this_thread::sleep_for(600ms);  // past the original timeout, with maintenance running
+  EXPECT_EQ(state_of(id), "waiting_external");
+  auto done = store->complete_callback(p.id(0), R"({"from": "outside"})");
+  ASSERT_TRUE(done);
+  EXPECT_TRUE(done.value());
+  ASSERT_TRUE(eventually([&] { return p.waits_returned.load() == 1; }, 5s));
+  EXPECT_TRUE(p.last_stale.load()) << "the handler learns its attempt was finished elsewhere";
+  EXPECT_EQ(state_of(id), "completed");
+  EXPECT_EQ(db_.scalar("SELECT progress->>'from' FROM " + s("jobs") + " WHERE id = $1", {id}), "outside");
+  auto unknown = store->fail_callback("not-a-uuid", "x", false);
+  ASSERT_TRUE(unknown);
+  EXPECT_FALSE(unknown.value());
+  rt->stop();
 }
 
 }  // namespace
