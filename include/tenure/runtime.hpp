@@ -149,6 +149,9 @@ class job_context {
   /// backoff (20 ms .. 1 s) in case a NOTIFY is lost. errc::stale_attempt when the attempt was
   /// cancelled, rescued (callback timeout), finished from outside (complete/fail_callback) or
   /// the id was rotated; the context is then cancelled and the handler's outcome is discarded.
+  /// errc::shutting_down when the runtime's shutdown timeout cancelled the handler while the
+  /// attempt was still parked (it stays open until resumed or timed out). After a resume the
+  /// attempt's original hard deadline, if any, applies again.
   result<nlohmann::json> wait_for_callback(const std::string& callback_id);
 
  private:

@@ -123,9 +123,20 @@ result<nlohmann::json> job_context::wait_for_callback(const std::string& callbac
   milliseconds backoff{20};
   constexpr milliseconds k_max_backoff{1'000};
   for (;;) {
-    if (entry_->is_cancelled()) return make_error_code(errc::stale_attempt);
+    const bool cancelled = entry_->is_cancelled();
     const auto pokes = entry_->pokes.load(std::memory_order_acquire);
     auto r = entry_->store->await_callback(entry_->claim.attempt, callback_id);
+    if (cancelled) {
+      // One last look tells why: the attempt is gone (stale), was resumed just now, or is still
+      // parked and this runtime is giving up on it (shutting down; it stays open until its
+      // callback is resumed or times out).
+      if (r && r.value().resumed) {
+        auto j = nlohmann::json::parse(r.value().payload, nullptr, /*allow_exceptions=*/false);
+        if (!j.is_discarded()) return j;
+      }
+      if (!r) return r.error();
+      return make_error_code(errc::shutting_down);
+    }
     if (r && r.value().resumed) {
       auto j = nlohmann::json::parse(r.value().payload, nullptr, /*allow_exceptions=*/false);
       if (j.is_discarded()) return make_error_code(errc::protocol_error);

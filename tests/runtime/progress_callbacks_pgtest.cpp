@@ -348,6 +348,35 @@ TEST_F(runtime_pg, callback_timeout_retries_while_attempts_remain_then_fails) {
   rt->stop();
 }
 
+TEST_F(runtime_pg, shutdown_timeout_gives_up_on_a_waiting_handler_and_leaves_the_attempt_parked) {
+  const auto id = enqueue("external");
+  auto cfg = fast_config();
+  cfg.shutdown_timeout = 300ms;
+  auto rt = make(cfg);
+  callback_probe p;
+  std::atomic<bool> shutting_down{false};
+  rt->handle("external", [&](job_context& ctx) {
+    auto cb = ctx.register_callback(60s);
+    if (!cb) return job_outcome::fail("register");
+    {
+      std::lock_guard lock(p.mu);
+      p.ids.push_back(cb.value());
+    }
+    auto payload = ctx.wait_for_callback(cb.value());
+    shutting_down = !payload && payload.error() == errc::shutting_down;
+    ++p.waits_returned;
+    return job_outcome::completed();  // a waiting attempt's own completion is refused
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return state_of(id) == "waiting_external"; }));
+  rt->stop();
+  ASSERT_TRUE(eventually([&] { return p.waits_returned.load() == 1; }, 5s));
+  EXPECT_TRUE(shutting_down.load());
+  EXPECT_EQ(state_of(id), "waiting_external") << "still parked, its callback still resumable";
+  EXPECT_EQ(db_.scalar("SELECT " + s("complete_callback") + "($1::uuid)", {p.id(0)}), "t");
+  EXPECT_EQ(state_of(id), "completed");
+}
+
 TEST_F(runtime_pg, extend_and_finish_a_waiting_attempt_from_the_cpp_client) {
   const auto id = enqueue("external");
   auto rt = make();
