@@ -437,6 +437,24 @@ TEST_F(cli_pg, grant_worker_and_producer_succeed) {
   EXPECT_EQ(db_->exec("SELECT has_table_privilege('" + role + "', '" + schema_ + ".jobs', 'SELECT')"), "t");
 }
 
+TEST_F(cli_pg, grant_callback_gives_the_callback_functions_and_nothing_else) {
+  migrate();
+  const auto role = create_role();
+  auto r = tenure({"grant-callback", role});
+  expect_success(r);
+  EXPECT_EQ(r.out, "granted callback access on schema " + schema_ + " to role " + role + "\n");
+  auto has = [&](const std::string& check) { return db_->exec("SELECT " + check) == "t"; };
+  for (const char* fn : {"resume_callback(uuid,jsonb)", "extend_callback(uuid,interval)",
+                         "complete_callback(uuid,jsonb)", "fail_callback(uuid,text,boolean)"}) {
+    EXPECT_TRUE(has("has_function_privilege('" + role + "', '" + schema_ + "." + fn + "', 'EXECUTE')")) << fn;
+  }
+  EXPECT_FALSE(has("has_function_privilege('" + role + "', '" + schema_ +
+                   ".register_callback(bigint,bigint,interval)', 'EXECUTE')"));
+  EXPECT_FALSE(has("has_function_privilege('" + role + "', '" + schema_ + ".complete_job(text,jsonb)', 'EXECUTE')"));
+  EXPECT_FALSE(has("has_table_privilege('" + role + "', '" + schema_ + ".jobs', 'SELECT')"));
+  EXPECT_FALSE(has("has_table_privilege('" + role + "', '" + schema_ + ".attempt_state', 'SELECT')"));
+}
+
 // ---- failures every command shares -------------------------------------------------------------
 
 /// One invocation of each database command, for the failure cases that apply to all of them.
