@@ -334,19 +334,20 @@ BEGIN
       FROM unnest(job_ids, run_leases, complete_batch.progress) AS u(job_id, run_lease, progress)
      ORDER BY u.job_id, u.run_lease, u.progress IS NULL
   ), closed AS (
-    DELETE FROM @schema@.receipts r USING input i
-     WHERE r.job_id = i.job_id AND r.run_lease = i.run_lease
-       AND NOT EXISTS (SELECT 1 FROM @schema@.attempt_state w
-                        WHERE w.job_id = r.job_id AND w.run_lease = r.run_lease AND w.waiting)
-    RETURNING r.*, i.progress AS final_progress
+    -- The lease row is read once, in the join that also refuses a waiting attempt (one index
+    -- probe per item, as in migration 1).
+    DELETE FROM @schema@.receipts r
+     USING input i LEFT JOIN @schema@.attempt_state s
+             ON s.job_id = i.job_id AND s.run_lease = i.run_lease
+     WHERE r.job_id = i.job_id AND r.run_lease = i.run_lease AND s.waiting IS NOT TRUE
+    RETURNING r.*, coalesce(i.progress, s.progress) AS final_progress
   )
   INSERT INTO @schema@.done (id, queue, kind, args, state, priority, attempt, max_attempts,
                              run_lease, run_at, created_at, finalized_at, last_error, progress)
   SELECT c.job_id, c.queue, c.kind, c.args, 'completed', c.priority, c.attempt, c.max_attempts,
          c.run_lease, c.run_at, c.created_at, now(), c.last_error,
-         coalesce(c.final_progress, s.progress, c.progress)
+         coalesce(c.final_progress, c.progress)
     FROM closed c
-    LEFT JOIN @schema@.attempt_state s ON s.job_id = c.job_id AND s.run_lease = c.run_lease
   RETURNING id, run_lease, finalized_at;
 END $$;
 
