@@ -133,6 +133,26 @@ TEST_F(callbacks, waiting_attempt_shows_waiting_external_is_not_rescued_for_sile
   EXPECT_EQ(state_of(a), "completed");
 }
 
+TEST_F(callbacks, sequential_callbacks_in_one_attempt_each_park_and_resume) {
+  auto a = start();
+  const auto first = register_cb(a);
+  ASSERT_EQ(await(a, first), "waiting");
+  ASSERT_EQ(resume(first, "{\"step\": 1}"), "t");
+  ASSERT_EQ(await(a, first), "resumed:{\"step\": 1}");
+  const auto second = register_cb(a);
+  EXPECT_NE(first, second);
+  EXPECT_EQ(await(a, first), "stale") << "the first id is gone with the rotation";
+  ASSERT_EQ(await(a, second), "waiting");
+  EXPECT_EQ(state_of(a), "waiting_external");
+  EXPECT_EQ(db_.query("SELECT " + s("register_callback") + "($1, $2, '1 hour')", {a.job_id, a.run_lease}).sqlstate,
+            "22023")
+      << "no rotation while parked";
+  EXPECT_EQ(resume(first), "f");
+  EXPECT_EQ(resume(second, "{\"step\": 2}"), "t");
+  EXPECT_EQ(await(a, second), "resumed:{\"step\": 2}");
+  EXPECT_EQ(db_.scalar("SELECT run_lease FROM " + s("jobs") + " WHERE id = $1", {a.job_id}), a.run_lease);
+}
+
 TEST_F(callbacks, resume_arriving_before_the_handler_waits_is_kept) {
   auto a = start();
   const auto id = register_cb(a);
