@@ -16,9 +16,11 @@
 namespace tenure::sdk {
 
 struct signal {
-  enum class kind { wake, cancel } what = kind::wake;
+  /// wake: a queue has work. cancel: an attempt was cancelled or rescued. resume: an attempt's
+  /// external callback was resumed (its waiting handler should poll now).
+  enum class kind { wake, cancel, resume } what = kind::wake;
   std::string queue;   ///< for wake
-  attempt_id attempt;  ///< for cancel
+  attempt_id attempt;  ///< for cancel and resume
 };
 
 class signal_port {

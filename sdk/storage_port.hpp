@@ -62,6 +62,12 @@ enum class attempt_evidence {
   unknown_job,         ///< no such job at all
 };
 
+/// What a waiting handler's poll of its callback found.
+struct callback_poll {
+  bool resumed = false;   ///< false: still waiting (the first poll parks the attempt)
+  std::string payload;    ///< JSON text of the resume payload, when resumed
+};
+
 /// Per-queue settings kept in the database (every worker of the queue sees the same).
 struct queue_settings {
   bool dead_letter = false;                    ///< failed jobs go to the dead-letter table
@@ -115,6 +121,52 @@ class storage_port {
   virtual result<void> snooze(attempt_id attempt, microseconds delay) = 0;
   /// Cancels the live attempt itself (handler outcome). errc::stale_attempt when not live.
   virtual result<void> cancel_attempt(attempt_id attempt, std::string_view reason) = 0;
+  /// The progress the live attempt carried in from earlier attempts of its job (its checkpoint;
+  /// nullopt when none), never the attempt's own progress. errc::stale_attempt when not live.
+  /// A store without checkpoints answers errc::invalid_argument (this default).
+  virtual result<std::optional<std::string>> checkpoint(attempt_id attempt) {
+    (void)attempt;
+    return errc::invalid_argument;
+  }
+
+  // ---- external callbacks (stores without them answer errc::invalid_argument: the defaults) --
+  /// Registers (or rotates) the live attempt's callback; returns the fresh callback id (UUID
+  /// text). `timeout`: how long the attempt may wait once parked. errc::stale_attempt when the
+  /// attempt is not live.
+  virtual result<std::string> register_callback(attempt_id attempt, microseconds timeout) {
+    (void)attempt, (void)timeout;
+    return errc::invalid_argument;
+  }
+  /// Polls the callback, parking the attempt as waiting_external on the first call. Guarded by
+  /// (job_id, run_lease, callback_id): errc::stale_attempt when the attempt is not live or the
+  /// callback was rotated.
+  virtual result<callback_poll> await_callback(attempt_id attempt, std::string_view callback_id) {
+    (void)attempt, (void)callback_id;
+    return errc::invalid_argument;
+  }
+  /// Resumes a callback with a JSON payload. false: unknown, already resolved, or stale.
+  virtual result<bool> resume_callback(std::string_view callback_id, std::string_view payload_json) {
+    (void)callback_id, (void)payload_json;
+    return errc::invalid_argument;
+  }
+  /// Sets a registered callback's timeout (counting from now when already waiting). false:
+  /// unknown, resolved, or stale.
+  virtual result<bool> extend_callback(std::string_view callback_id, microseconds timeout) {
+    (void)callback_id, (void)timeout;
+    return errc::invalid_argument;
+  }
+  /// Completes the callback's job from outside (final progress optional). false as above.
+  virtual result<bool> complete_callback(std::string_view callback_id,
+                                         std::optional<std::string> progress_json = std::nullopt) {
+    (void)callback_id, (void)progress_json;
+    return errc::invalid_argument;
+  }
+  /// Fails the callback's job from outside: retried while attempts remain when `retry`, else
+  /// failed for good. false as above.
+  virtual result<bool> fail_callback(std::string_view callback_id, std::string_view error, bool retry) {
+    (void)callback_id, (void)error, (void)retry;
+    return errc::invalid_argument;
+  }
 
   // ---- administration ---------------------------------------------------------------------
   /// Cancels a job that is not finished yet. false when it was already finished.

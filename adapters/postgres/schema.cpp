@@ -23,6 +23,7 @@ std::string render(const detail::migration& m, std::string_view schema) {
   std::string sql = m.sql;
   replace_all(sql, "@wake_channel@", "'" + std::string{schema} + "_wake'");
   replace_all(sql, "@cancel_channel@", "'" + std::string{schema} + "_cancel'");
+  replace_all(sql, "@callback_channel@", "'" + std::string{schema} + "_callback'");
   replace_all(sql, "@schema@", schema);
   return sql;
 }
@@ -143,6 +144,10 @@ result<void> grant(std::string_view dsn, grant_kind kind, std::string_view role,
       functions = {"enqueue(text, jsonb, text, int, timestamptz, int)",
                    "enqueue_batch(text[], jsonb[], text[], int[], timestamptz[], int[])"};
       break;
+    case grant_kind::callback:
+      functions = {"resume_callback(uuid, jsonb)", "extend_callback(uuid, interval)",
+                   "complete_callback(uuid, jsonb)", "fail_callback(uuid, text, boolean)"};
+      break;
     case grant_kind::worker:
       functions = {"claim(text, int, text)",
                    "claim_attempts(text, int, text, text)",
@@ -158,6 +163,9 @@ result<void> grant(std::string_view dsn, grant_kind kind, std::string_view role,
                    "rescue_attempts(interval)",
                    "promote_due(text, int)",
                    "attempt_evidence(bigint, bigint)",
+                   "attempt_checkpoint(bigint, bigint)",
+                   "register_callback(bigint, bigint, interval)",
+                   "await_callback(bigint, bigint, uuid)",
                    "worker_idle(text, text)",
                    "worker_busy(text, text)"};
       selects = {"jobs", "schema_version"};

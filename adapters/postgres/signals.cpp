@@ -28,7 +28,7 @@ class pg_signal_port final : public sdk::signal_port {
       spdlog::debug("tenure.pg: signal session: {}", why);
       return c.error();
     }
-    auto listened = c.value()->exec_script("LISTEN " + schema_ + "_wake; LISTEN " + schema_ + "_cancel",
+    auto listened = c.value()->exec_script("LISTEN " + schema_ + "_wake; LISTEN " + schema_ + "_cancel; LISTEN " + schema_ + "_callback",
                                            effect::read, &why);
     if (!listened) {
       spdlog::warn("tenure.pg: LISTEN failed: {}", why);
@@ -77,7 +77,7 @@ class pg_signal_port final : public sdk::signal_port {
         s.what = sdk::signal::kind::wake;
         s.queue = payload;
       } else {
-        s.what = sdk::signal::kind::cancel;
+        s.what = channel == schema_ + "_callback" ? sdk::signal::kind::resume : sdk::signal::kind::cancel;
         const auto colon = payload.find(':');
         if (colon == std::string::npos) continue;
         std::from_chars(payload.data(), payload.data() + colon, s.attempt.job_id);

@@ -39,6 +39,17 @@ struct statements {
         snooze{"tenure_snooze", "SELECT " + s + ".snooze_attempt($1::bigint, $2::bigint, $3::interval)"},
         cancel_attempt{"tenure_cancel_attempt",
                        "SELECT " + s + ".cancel_attempt($1::bigint, $2::bigint, $3)"},
+        checkpoint{"tenure_checkpoint",
+                   "SELECT progress::text FROM " + s + ".attempt_checkpoint($1::bigint, $2::bigint)"},
+        register_callback{"tenure_register_callback",
+                          "SELECT " + s + ".register_callback($1::bigint, $2::bigint, $3::interval)::text"},
+        await_callback{"tenure_await_callback", "SELECT status, payload::text FROM " + s +
+                                                    ".await_callback($1::bigint, $2::bigint, $3::uuid)"},
+        resume_callback{"tenure_resume_callback", "SELECT " + s + ".resume_callback($1::uuid, $2::jsonb)"},
+        extend_callback{"tenure_extend_callback", "SELECT " + s + ".extend_callback($1::uuid, $2::interval)"},
+        complete_callback{"tenure_complete_callback",
+                          "SELECT " + s + ".complete_callback($1::uuid, $2::jsonb)"},
+        fail_callback{"tenure_fail_callback", "SELECT " + s + ".fail_callback($1::uuid, $2, $3::boolean)"},
         cancel_job{"tenure_cancel_job", "SELECT " + s + ".cancel_job($1::bigint)"},
         retry_job{"tenure_retry_job", "SELECT " + s + ".retry_job($1::bigint)"},
         read_job{"tenure_read_job",
@@ -58,7 +69,8 @@ struct statements {
                             "hard_deadline = excluded.hard_deadline, backoff_base = excluded.backoff_base, "
                             "backoff_cap = excluded.backoff_cap"} {}
 
-  statement enqueue, enqueue_batch, claim, heartbeat, complete, fail, snooze, cancel_attempt, cancel_job,
+  statement enqueue, enqueue_batch, claim, heartbeat, complete, fail, snooze, cancel_attempt, checkpoint, register_callback,
+      await_callback, resume_callback, extend_callback, complete_callback, fail_callback, cancel_job,
       retry_job, read_job, rescue, promote, evidence, version, configure_queue;
 };
 
@@ -323,6 +335,82 @@ result<void> store::cancel_attempt(attempt_id attempt, std::string_view reason) 
                                    effect::write));
   if (!rows.boolean(0, 0)) return errc::stale_attempt;
   return success();
+}
+
+result<std::optional<std::string>> store::checkpoint(attempt_id attempt) {
+  TENURE_TRY(auto rows, impl_->run(impl_->st.checkpoint, {number(attempt.job_id), number(attempt.run_lease)},
+                                   effect::read));
+  if (rows.size() == 0) return errc::stale_attempt;
+  return rows.opt_text(0, 0);
+}
+
+namespace {
+/// A callback id must be a UUID: anything else is unknown (false), never a database error.
+bool uuid_text(std::string_view s) {
+  if (s.size() != 36) return false;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (i == 8 || i == 13 || i == 18 || i == 23) {
+      if (c != '-') return false;
+    } else if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'))) {
+      return false;
+    }
+  }
+  return true;
+}
+}  // namespace
+
+result<std::string> store::register_callback(attempt_id attempt, sdk::microseconds timeout) {
+  if (timeout.count() <= 0) return errc::invalid_argument;
+  TENURE_TRY(auto rows, impl_->run(impl_->st.register_callback,
+                                   {number(attempt.job_id), number(attempt.run_lease),
+                                    detail::interval_text(timeout)},
+                                   effect::write));
+  if (rows.is_null(0, 0)) return errc::stale_attempt;
+  return std::string{rows.text(0, 0)};
+}
+
+result<sdk::callback_poll> store::await_callback(attempt_id attempt, std::string_view callback_id) {
+  if (!uuid_text(callback_id)) return errc::stale_attempt;
+  TENURE_TRY(auto rows, impl_->run(impl_->st.await_callback,
+                                   {number(attempt.job_id), number(attempt.run_lease), text(callback_id)},
+                                   effect::write));
+  if (rows.size() == 0) return errc::stale_attempt;
+  sdk::callback_poll p;
+  p.resumed = rows.text(0, 0) == "resumed";
+  if (p.resumed) p.payload = rows.opt_text(0, 1).value_or(std::string{"{}"});
+  return p;
+}
+
+result<bool> store::resume_callback(std::string_view callback_id, std::string_view payload_json) {
+  if (!uuid_text(callback_id)) return false;
+  TENURE_TRY(auto rows, impl_->run(impl_->st.resume_callback,
+                                   {text(callback_id), payload_json.empty() ? text("{}") : text(payload_json)},
+                                   effect::write));
+  return rows.boolean(0, 0);
+}
+
+result<bool> store::extend_callback(std::string_view callback_id, sdk::microseconds timeout) {
+  if (timeout.count() <= 0) return errc::invalid_argument;
+  if (!uuid_text(callback_id)) return false;
+  TENURE_TRY(auto rows, impl_->run(impl_->st.extend_callback,
+                                   {text(callback_id), detail::interval_text(timeout)}, effect::write));
+  return rows.boolean(0, 0);
+}
+
+result<bool> store::complete_callback(std::string_view callback_id, std::optional<std::string> progress_json) {
+  if (!uuid_text(callback_id)) return false;
+  TENURE_TRY(auto rows, impl_->run(impl_->st.complete_callback,
+                                   {text(callback_id), progress_json ? param{*progress_json} : std::nullopt},
+                                   effect::write));
+  return rows.boolean(0, 0);
+}
+
+result<bool> store::fail_callback(std::string_view callback_id, std::string_view error, bool retry) {
+  if (!uuid_text(callback_id)) return false;
+  TENURE_TRY(auto rows, impl_->run(impl_->st.fail_callback,
+                                   {text(callback_id), text(error), retry ? "true" : "false"}, effect::write));
+  return rows.boolean(0, 0);
 }
 
 result<bool> store::cancel_job(std::int64_t job_id) {

@@ -125,6 +125,11 @@ result<void> faulty_store::cancel_attempt(attempt_id attempt, std::string_view r
   return call<void>(op::cancel_attempt, [&] { return inner_.cancel_attempt(attempt, reason); });
 }
 
+// Read-only and not (yet) a fault point: forwarded as is.
+result<std::optional<std::string>> faulty_store::checkpoint(attempt_id attempt) {
+  return inner_.checkpoint(attempt);
+}
+
 result<bool> faulty_store::cancel_job(std::int64_t job_id) {
   return call<bool>(op::cancel_job, [&] { return inner_.cancel_job(job_id); });
 }

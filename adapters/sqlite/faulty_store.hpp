@@ -87,6 +87,7 @@ class faulty_store final : public sdk::storage_port {
                          std::optional<sdk::microseconds> retry_after = std::nullopt) override;
   result<void> snooze(attempt_id attempt, sdk::microseconds delay) override;
   result<void> cancel_attempt(attempt_id attempt, std::string_view reason) override;
+  result<std::optional<std::string>> checkpoint(attempt_id attempt) override;
   result<bool> cancel_job(std::int64_t job_id) override;
   result<bool> retry_job(std::int64_t job_id) override;
   result<job_info> read_job(std::int64_t job_id) override;

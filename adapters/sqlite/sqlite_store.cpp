@@ -746,6 +746,18 @@ result<void> store::cancel_attempt(attempt_id attempt, std::string_view reason) 
   });
 }
 
+result<std::optional<std::string>> store::checkpoint(attempt_id attempt) {
+  using out_t = std::optional<std::string>;
+  return transact<out_t>(*state_, tx_mode::read, [&](soci::session& s, std::int64_t) {
+    if (!receipt_exists(s, attempt)) return result<out_t>(errc::stale_attempt);
+    opt<std::string> progress;
+    s << "SELECT progress FROM receipts WHERE job_id = :job_id AND run_lease = :run_lease",
+        soci::into(progress), soci::use(attempt.job_id, "job_id"),
+        soci::use(attempt.run_lease, "run_lease");
+    return result<out_t>(to_std(progress));
+  });
+}
+
 // ---- administration -------------------------------------------------------------------------
 
 result<bool> store::cancel_job(std::int64_t job_id) {

@@ -93,6 +93,7 @@ class store final : public sdk::storage_port {
   result<void> snooze(attempt_id attempt, sdk::microseconds delay) override;
   /// An empty reason keeps the job's last error (the Postgres adapter sends NULL for it).
   result<void> cancel_attempt(attempt_id attempt, std::string_view reason) override;
+  result<std::optional<std::string>> checkpoint(attempt_id attempt) override;
 
   result<bool> cancel_job(std::int64_t job_id) override;
   result<bool> retry_job(std::int64_t job_id) override;

@@ -119,7 +119,40 @@ class job_context {
   /// Sleeps up to `d`, returning early (true) when the attempt is cancelled.
   bool wait_cancelled(milliseconds d) const;
   /// Buffers progress locally; the next heartbeat flushes it, guarded by (job_id, run_lease).
+  /// Progress is stored as {"percent": n, "message": "...", "metadata": ...} (empty message and
+  /// null metadata left out). It is visible in tenure.jobs / `tenure job show`, and kept with the
+  /// job when the attempt retries, snoozes or is rescued (see previous_progress()).
   void set_progress(int percent, std::string message = {}, nlohmann::json metadata = nullptr);
+  /// Flushes buffered progress now, with a heartbeat, in one statement guarded by
+  /// (job_id, run_lease); blocks on the database (call it from the handler). true: applied.
+  /// false: the attempt is stale (rescued, cancelled or finished elsewhere); the context is then
+  /// cancelled. A database error is returned as is and the progress stays buffered for the next
+  /// heartbeat.
+  result<bool> flush_progress();
+  /// The progress the job's earlier attempts left behind (the checkpoint to resume from), or
+  /// nullopt on a first run or when no earlier attempt reported progress. Never this attempt's
+  /// own progress. Read from the database on first call, then cached. errc::stale_attempt when
+  /// the attempt is no longer live.
+  result<std::optional<nlohmann::json>> previous_progress();
+
+  // ---- external callbacks (sequential: register, hand the id out, wait; repeat if needed) ----
+  /// Registers a callback for an external system, guarded by (job_id, run_lease), and returns
+  /// its fresh id (a UUID) to hand out. Registering again rotates the id (the old one becomes
+  /// unknown). `timeout`: how long the attempt may wait for it once parked (then it is rescued:
+  /// retried while attempts remain, else failed). errc::stale_attempt when the attempt is no
+  /// longer live (the context is then cancelled).
+  result<std::string> register_callback(milliseconds timeout);
+  /// Parks the attempt as waiting_external (same run lease; heartbeat staleness and the hard
+  /// deadline suspended; the callback timeout armed) and blocks until tenure.resume_callback
+  /// resumes it, returning the payload. A resume that arrived before this call returns at once.
+  /// The handler keeps its capacity permit meanwhile. Wakes on the resume NOTIFY, and polls with
+  /// backoff (20 ms .. 1 s) in case a NOTIFY is lost. errc::stale_attempt when the attempt was
+  /// cancelled, rescued (callback timeout), finished from outside (complete/fail_callback) or
+  /// the id was rotated; the context is then cancelled and the handler's outcome is discarded.
+  /// errc::shutting_down when the runtime's shutdown timeout cancelled the handler while the
+  /// attempt was still parked (it stays open until resumed or timed out). After a resume the
+  /// attempt's original hard deadline, if any, applies again.
+  result<nlohmann::json> wait_for_callback(const std::string& callback_id);
 
  private:
   std::shared_ptr<detail::attempt_entry> entry_;

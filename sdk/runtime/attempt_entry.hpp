@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tenure/job.hpp"
+#include "sdk/storage_port.hpp"
 
 namespace tenure::detail {
 
@@ -23,6 +24,14 @@ struct attempt_entry {
     {
       std::lock_guard lock(mu);
       cancelled.store(true, std::memory_order_release);
+    }
+    cv.notify_all();
+  }
+  /// A resume NOTIFY arrived for this attempt: wake wait_for_callback() to poll now. Any thread.
+  void poke() noexcept {
+    {
+      std::lock_guard lock(mu);
+      pokes.fetch_add(1, std::memory_order_acq_rel);
     }
     cv.notify_all();
   }
@@ -51,9 +60,16 @@ struct attempt_entry {
     return args_json;
   }
 
+  /// The store, for the handler's own guarded calls (flush_progress, previous_progress).
+  std::shared_ptr<sdk::storage_port> store;
+  /// previous_progress(), once read (guarded by mu).
+  bool checkpoint_read = false;
+  std::optional<std::string> checkpoint;
+
   std::mutex mu;
   std::condition_variable cv;
   std::atomic<bool> cancelled{false};
+  std::atomic<std::uint64_t> pokes{0};
   std::optional<std::string> progress;
 
   // Control-thread state.

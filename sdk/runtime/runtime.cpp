@@ -15,6 +15,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <algorithm>
 #include <deque>
 #include <future>
 #include <map>
@@ -93,6 +94,88 @@ void job_context::set_progress(int percent, std::string message, nlohmann::json 
   if (!message.empty()) p["message"] = std::move(message);
   if (!metadata.is_null()) p["metadata"] = std::move(metadata);
   entry_->put_progress(p.dump());
+}
+result<bool> job_context::flush_progress() {
+  const auto& a = entry_->claim.attempt;
+  auto progress = entry_->take_progress();
+  const std::optional<std::string> items[1] = {progress};
+  auto r = entry_->store->heartbeat(std::span<const attempt_id>{&a, 1},
+                                    progress ? std::span<const std::optional<std::string>>{items}
+                                             : std::span<const std::optional<std::string>>{});
+  if (!r) {
+    if (progress) entry_->restore_progress(*progress);
+    return r.error();
+  }
+  for (const auto& live : r.value()) {
+    if (live == a) return true;
+  }
+  entry_->cancel();  // rescued, cancelled or finished by someone else: the handler should stop
+  return false;
+}
+result<std::string> job_context::register_callback(milliseconds timeout) {
+  if (timeout.count() <= 0) return make_error_code(errc::invalid_argument);
+  auto id = entry_->store->register_callback(entry_->claim.attempt, timeout);
+  if (!id && id.error() == errc::stale_attempt) entry_->cancel();
+  return id;
+}
+result<nlohmann::json> job_context::wait_for_callback(const std::string& callback_id) {
+  using std::chrono::steady_clock;
+  milliseconds backoff{20};
+  constexpr milliseconds k_max_backoff{1'000};
+  for (;;) {
+    const bool cancelled = entry_->is_cancelled();
+    const auto pokes = entry_->pokes.load(std::memory_order_acquire);
+    auto r = entry_->store->await_callback(entry_->claim.attempt, callback_id);
+    if (cancelled) {
+      // One last look tells why: the attempt is gone (stale), was resumed just now, or is still
+      // parked and this runtime is giving up on it (shutting down; it stays open until its
+      // callback is resumed or times out).
+      if (r && r.value().resumed) {
+        auto j = nlohmann::json::parse(r.value().payload, nullptr, /*allow_exceptions=*/false);
+        if (!j.is_discarded()) return j;
+      }
+      if (!r) return r.error();
+      return make_error_code(errc::shutting_down);
+    }
+    if (r && r.value().resumed) {
+      auto j = nlohmann::json::parse(r.value().payload, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded()) return make_error_code(errc::protocol_error);
+      return j;
+    }
+    if (!r) {
+      if (r.error() == errc::stale_attempt) {
+        entry_->cancel();  // rescued, cancelled, finished from outside, or the id was rotated
+        return r.error();
+      }
+      if (r.error() == errc::invalid_argument) return r.error();  // the store has no callbacks
+      // A database error: keep waiting and ask again (the attempt stays parked or open).
+    }
+    // Sleep until the resume NOTIFY pokes us, the attempt is cancelled, or the backoff passes.
+    std::unique_lock lock(entry_->mu);
+    entry_->cv.wait_for(lock, backoff, [&] {
+      return entry_->is_cancelled() || entry_->pokes.load(std::memory_order_acquire) != pokes;
+    });
+    backoff = std::min(backoff * 2, k_max_backoff);
+  }
+}
+result<std::optional<nlohmann::json>> job_context::previous_progress() {
+  std::optional<std::string> text;
+  bool read = false;
+  {
+    std::lock_guard lock(entry_->mu);
+    read = entry_->checkpoint_read;
+    text = entry_->checkpoint;
+  }
+  if (!read) {
+    TENURE_TRY(text, entry_->store->checkpoint(entry_->claim.attempt));
+    std::lock_guard lock(entry_->mu);
+    entry_->checkpoint_read = true;
+    entry_->checkpoint = text;
+  }
+  if (!text) return std::optional<nlohmann::json>{};
+  auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return make_error_code(errc::protocol_error);
+  return std::optional<nlohmann::json>{std::move(j)};
 }
 
 std::string_view to_string(lifecycle_event e) noexcept {
@@ -325,6 +408,7 @@ struct runtime::impl {
 
   void start_attempt(claimed_attempt c) {
     auto entry = std::make_shared<attempt_entry>(std::move(c));
+    entry->store = store;
     const auto& a = entry->claim;
     in_flight.emplace(a.attempt, entry);
     m.in_flight.fetch_add(1, std::memory_order_relaxed);
@@ -767,6 +851,10 @@ struct runtime::impl {
       for (auto& s : r.value()) {
         if (s.what == sdk::signal::kind::wake) {
           on_ctl([this, q = std::move(s.queue)] { on_wake(q); });
+        } else if (s.what == sdk::signal::kind::resume) {
+          on_ctl([this, a = s.attempt] {
+            if (auto it = in_flight.find(a); it != in_flight.end()) it->second->poke();
+          });
         } else {
           on_ctl([this, a = s.attempt] {
             if (auto it = in_flight.find(a); it != in_flight.end()) {

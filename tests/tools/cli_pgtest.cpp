@@ -241,17 +241,17 @@ class cli_pg : public testing::Test {
 TEST_F(cli_pg, migrate_then_migrate_again_is_a_no_op) {
   auto first = tenure({"migrate"});
   expect_success(first);
-  EXPECT_EQ(first.out, "schema " + schema_ + ": migrated from version 0 to 1\n");
+  EXPECT_EQ(first.out, "schema " + schema_ + ": migrated from version 0 to 2\n");
 
   auto second = tenure({"migrate"});
   expect_success(second);  // in particular no server NOTICE leaking onto stderr
-  EXPECT_EQ(second.out, "schema " + schema_ + ": already at version 1\n");
+  EXPECT_EQ(second.out, "schema " + schema_ + ": already at version 2\n");
 }
 
 TEST_F(cli_pg, environment_supplies_database_and_schema) {
   auto r = run_tenure({"migrate"}, {{"DATABASE_URL", dsn_}, {"TENURE_SCHEMA", schema_}});
   expect_success(r);
-  EXPECT_EQ(r.out, "schema " + schema_ + ": migrated from version 0 to 1\n");
+  EXPECT_EQ(r.out, "schema " + schema_ + ": migrated from version 0 to 2\n");
 }
 
 // ---- enqueue and job show --------------------------------------------------------------------
@@ -437,6 +437,24 @@ TEST_F(cli_pg, grant_worker_and_producer_succeed) {
   EXPECT_EQ(db_->exec("SELECT has_table_privilege('" + role + "', '" + schema_ + ".jobs', 'SELECT')"), "t");
 }
 
+TEST_F(cli_pg, grant_callback_gives_the_callback_functions_and_nothing_else) {
+  migrate();
+  const auto role = create_role();
+  auto r = tenure({"grant-callback", role});
+  expect_success(r);
+  EXPECT_EQ(r.out, "granted callback access on schema " + schema_ + " to role " + role + "\n");
+  auto has = [&](const std::string& check) { return db_->exec("SELECT " + check) == "t"; };
+  for (const char* fn : {"resume_callback(uuid,jsonb)", "extend_callback(uuid,interval)",
+                         "complete_callback(uuid,jsonb)", "fail_callback(uuid,text,boolean)"}) {
+    EXPECT_TRUE(has("has_function_privilege('" + role + "', '" + schema_ + "." + fn + "', 'EXECUTE')")) << fn;
+  }
+  EXPECT_FALSE(has("has_function_privilege('" + role + "', '" + schema_ +
+                   ".register_callback(bigint,bigint,interval)', 'EXECUTE')"));
+  EXPECT_FALSE(has("has_function_privilege('" + role + "', '" + schema_ + ".complete_job(text,jsonb)', 'EXECUTE')"));
+  EXPECT_FALSE(has("has_table_privilege('" + role + "', '" + schema_ + ".jobs', 'SELECT')"));
+  EXPECT_FALSE(has("has_table_privilege('" + role + "', '" + schema_ + ".attempt_state', 'SELECT')"));
+}
+
 // ---- failures every command shares -------------------------------------------------------------
 
 /// One invocation of each database command, for the failure cases that apply to all of them.
@@ -532,7 +550,7 @@ TEST_F(cli_pg, version_and_help_go_to_stdout) {
   auto version = run_tenure({"--version"});
   expect_success(version);
   EXPECT_TRUE(
-      std::regex_match(version.out, std::regex{R"(tenure [0-9]+\.[0-9]+\.[0-9]+ \(schema version 1\)\n)"}))
+      std::regex_match(version.out, std::regex{R"(tenure [0-9]+\.[0-9]+\.[0-9]+ \(schema version 2\)\n)"}))
       << version;
   auto help = run_tenure({"--help"});
   expect_success(help);

@@ -1,4 +1,4 @@
-// tenure grant-finalizer|grant-worker|grant-producer ROLE: give an existing role its slice.
+// tenure grant-finalizer|grant-worker|grant-producer|grant-callback ROLE: give an existing role its slice.
 #include <iostream>
 #include <memory>
 
@@ -22,6 +22,9 @@ constexpr grant_command k_grants[] = {
      "Let ROLE run workers: every worker function and SELECT on the jobs view"},
     {"grant-producer", postgres::grant_kind::producer, "producer",
      "Let ROLE enqueue jobs: EXECUTE on enqueue and enqueue_batch"},
+    {"grant-callback", postgres::grant_kind::callback, "callback",
+     "Let ROLE (an external system) resolve callbacks: EXECUTE on resume_callback, "
+     "extend_callback, complete_callback and fail_callback"},
 };
 
 int run_grant(const context& ctx, const grant_command& g, const std::string& role) {

@@ -33,6 +33,7 @@ enum class grant_kind {
   finalizer,  ///< USAGE + EXECUTE on complete_job only
   producer,   ///< USAGE + EXECUTE on enqueue and enqueue_batch
   worker,     ///< everything a worker runtime calls, plus SELECT on the jobs view
+  callback,   ///< USAGE + EXECUTE on resume/extend/complete/fail_callback (external systems)
 };
 
 /// Grants an existing role its slice. errc::invalid_argument for an unknown role.

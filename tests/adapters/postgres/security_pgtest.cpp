@@ -126,6 +126,40 @@ TEST_F(security, worker_can_drive_the_attempt_protocol_but_not_touch_tables) {
   EXPECT_EQ(as_role.query("SELECT * FROM " + s("receipts")).sqlstate, "42501");
 }
 
+TEST_F(security, worker_can_register_and_await_callbacks_and_read_checkpoints) {
+  grant(tenure::postgres::grant_kind::worker);
+  admin_.exec("SELECT " + s("enqueue") + "('k')");
+  pg as_role{tenure::test::dsn_with_user(schema_.dsn(), role_)};
+  auto c = as_role.query("SELECT job_id, run_lease FROM " + s("claim") + "('default')");
+  ASSERT_TRUE(c.ok) << c.error;
+  auto id = as_role.query("SELECT " + s("register_callback") + "($1, $2, '1 hour')", {c.at(0, 0), c.at(0, 1)});
+  ASSERT_TRUE(id.ok) << id.error;
+  EXPECT_EQ(as_role.scalar("SELECT status FROM " + s("await_callback") + "($1, $2, $3::uuid)",
+                           {c.at(0, 0), c.at(0, 1), id.at(0, 0)}),
+            "waiting");
+  EXPECT_EQ(as_role.scalar("SELECT count(*) FROM " + s("attempt_checkpoint") + "($1, $2)", {c.at(0, 0), c.at(0, 1)}),
+            "1");
+  EXPECT_EQ(as_role.query("SELECT " + s("resume_callback") + "($1::uuid)", {id.at(0, 0)}).sqlstate, "42501")
+      << "resolving callbacks is grant-callback's, not the worker's";
+}
+
+TEST_F(security, callback_role_can_resolve_callbacks_but_nothing_else) {
+  grant(tenure::postgres::grant_kind::callback);
+  admin_.exec("SELECT " + s("enqueue") + "('k')");
+  auto c = admin_.exec("SELECT job_id, run_lease FROM " + s("claim") + "('default')");
+  const auto id = admin_.scalar("SELECT " + s("register_callback") + "($1, $2, '1 hour')", {c.at(0, 0), c.at(0, 1)});
+  pg as_role{tenure::test::dsn_with_user(schema_.dsn(), role_)};
+  EXPECT_EQ(as_role.scalar("SELECT " + s("extend_callback") + "($1::uuid, '2 hours')", {id}), "t");
+  EXPECT_EQ(as_role.scalar("SELECT " + s("resume_callback") + "($1::uuid, '{\"x\": 1}')", {id}), "t");
+  EXPECT_EQ(as_role.scalar("SELECT " + s("resume_callback") + "($1::uuid)", {id}), "f");
+  EXPECT_EQ(as_role.scalar("SELECT " + s("complete_callback") + "(gen_random_uuid())"), "f");
+  EXPECT_EQ(as_role.scalar("SELECT " + s("fail_callback") + "(gen_random_uuid(), 'no')"), "f");
+  EXPECT_EQ(as_role.query("SELECT * FROM " + s("claim") + "('default')").sqlstate, "42501");
+  EXPECT_EQ(as_role.query("SELECT " + s("register_callback") + "(1, 1, '1 hour')").sqlstate, "42501");
+  EXPECT_EQ(as_role.query("SELECT * FROM " + s("jobs")).sqlstate, "42501");
+  EXPECT_EQ(as_role.query("SELECT * FROM " + s("attempt_state")).sqlstate, "42501");
+}
+
 TEST_F(security, grant_to_an_unknown_role_is_a_clear_error) {
   std::string why;
   auto g = tenure::postgres::grant(schema_.dsn(), tenure::postgres::grant_kind::finalizer,

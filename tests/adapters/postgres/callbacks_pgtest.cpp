@@ -1,0 +1,317 @@
+// Long attempts in the SQL contract (issue 4): progress checkpoints, external callbacks and
+// their races, driven as any language would drive them: plain SQL over libpq, real concurrency
+// on separate connections where the race is concurrent.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "support/pg.hpp"
+
+using tenure::test::pg;
+using tenure::test::scoped_schema;
+using namespace std::chrono_literals;
+
+namespace {
+
+class callbacks : public ::testing::Test {
+ protected:
+  scoped_schema schema_{"cb"};
+  pg db_{schema_.dsn()};
+  std::string s(const std::string& fn) const { return schema_.name() + "." + fn; }
+
+  struct attempt {
+    std::string job_id, run_lease;
+  };
+  /// Enqueues one job and claims it.
+  attempt start(int max_attempts = 25) {
+    db_.exec("SELECT " + s("enqueue") + "('cb', '{}', 'default', 2, NULL, $1::int)",
+             {std::to_string(max_attempts)});
+    return claim();
+  }
+  attempt claim() {
+    auto r = db_.exec("SELECT job_id, run_lease FROM " + s("claim") + "('default')");
+    if (r.rows.size() != 1) throw std::runtime_error("expected one claimed job");
+    return {r.at(0, 0), r.at(0, 1)};
+  }
+  std::string register_cb(const attempt& a, const std::string& timeout = "1 hour") {
+    auto r = db_.query("SELECT " + s("register_callback") + "($1, $2, $3::interval)",
+                       {a.job_id, a.run_lease, timeout});
+    if (!r.ok) throw std::runtime_error(r.error);
+    return r.rows.at(0).at(0).value_or("<null>");
+  }
+  /// await_callback's status ('waiting' / 'resumed:<payload>') or 'stale' when no row.
+  std::string await(const attempt& a, const std::string& id) {
+    auto r = db_.exec("SELECT status, payload::text FROM " + s("await_callback") + "($1, $2, $3::uuid)",
+                      {a.job_id, a.run_lease, id});
+    if (r.rows.empty()) return "stale";
+    if (r.at(0, 0) == "resumed") return "resumed:" + r.rows[0][1].value_or("<null>");
+    return r.at(0, 0);
+  }
+  std::string resume(const std::string& id, const std::string& payload = "{}") {
+    return db_.scalar("SELECT " + s("resume_callback") + "($1::uuid, $2::jsonb)", {id, payload});
+  }
+  std::string state_of(const attempt& a) {
+    return db_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {a.job_id});
+  }
+  std::string rescue(const std::string& stale_after) {
+    return db_.scalar("SELECT " + s("rescue_stale") + "($1::interval)", {stale_after});
+  }
+  template <class Cond>
+  static bool eventually(Cond cond, std::chrono::milliseconds timeout = 10s) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < until) {
+      if (cond()) return true;
+      std::this_thread::sleep_for(5ms);
+    }
+    return cond();
+  }
+};
+
+TEST_F(callbacks, checkpoint_is_the_progress_carried_in_and_is_guarded) {
+  auto a = start();
+  EXPECT_EQ(db_.exec("SELECT progress FROM " + s("attempt_checkpoint") + "($1, $2)", {a.job_id, a.run_lease})
+                .rows.at(0).at(0),
+            std::nullopt);
+  db_.exec("SELECT * FROM " + s("heartbeat_batch") + "(ARRAY[$1::bigint], ARRAY[$2::bigint], ARRAY['{\"n\":1}'::jsonb])",
+           {a.job_id, a.run_lease});
+  EXPECT_EQ(db_.scalar("SELECT " + s("fail_attempt") + "($1, $2, 'again', false, '0 seconds')", {a.job_id, a.run_lease}),
+            "retryable");
+  db_.exec("SELECT " + s("promote_due") + "()");
+  auto b = claim();
+  EXPECT_EQ(b.run_lease, "2");
+  EXPECT_EQ(db_.scalar("SELECT progress::text FROM " + s("attempt_checkpoint") + "($1, $2)", {b.job_id, b.run_lease}),
+            "{\"n\": 1}");
+  // The old attempt is stale: no row.
+  EXPECT_TRUE(db_.exec("SELECT * FROM " + s("attempt_checkpoint") + "($1, $2)", {a.job_id, a.run_lease}).rows.empty());
+}
+
+TEST_F(callbacks, register_materializes_the_lease_rotates_and_is_guarded) {
+  auto a = start();
+  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("attempt_state")), "0") << "claim alone writes no lease row";
+  const auto id1 = register_cb(a);
+  EXPECT_EQ(id1.size(), 36u) << id1;
+  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("attempt_state") + " WHERE job_id = $1 AND run_lease = $2",
+                       {a.job_id, a.run_lease}),
+            "1");
+  const auto id2 = register_cb(a);
+  EXPECT_NE(id1, id2) << "registering again rotates the id";
+  EXPECT_EQ(resume(id1), "f") << "the rotated-out id is unknown";
+  EXPECT_EQ(await(a, id1), "stale");
+  EXPECT_EQ(db_.scalar("SELECT run_lease FROM " + s("jobs") + " WHERE id = $1", {a.job_id}), a.run_lease);
+  EXPECT_EQ(state_of(a), "running");
+  // A stale attempt registers nothing.
+  EXPECT_EQ(register_cb({a.job_id, "99"}), "<null>");
+  EXPECT_EQ(db_.query("SELECT " + s("register_callback") + "($1, $2, '0 seconds')", {a.job_id, a.run_lease}).sqlstate,
+            "22023");
+}
+
+TEST_F(callbacks, waiting_attempt_shows_waiting_external_is_not_rescued_for_silence_and_resumes) {
+  auto a = start();
+  const auto id = register_cb(a);
+  EXPECT_EQ(await(a, id), "waiting");
+  EXPECT_EQ(state_of(a), "waiting_external");
+  EXPECT_EQ(await(a, id), "waiting") << "polling is a read";
+  // No heartbeat for a while: a running attempt would be rescued, a waiting one is not.
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(rescue("1 millisecond"), "0");
+  // Its own completion is refused while it waits (the callback owns it).
+  EXPECT_TRUE(db_.exec("SELECT * FROM " + s("complete_batch") + "(ARRAY[$1::bigint], ARRAY[$2::bigint])",
+                       {a.job_id, a.run_lease})
+                  .rows.empty());
+  EXPECT_EQ(resume(id, "{\"ok\": true}"), "t");
+  EXPECT_EQ(state_of(a), "running");
+  EXPECT_EQ(await(a, id), "resumed:{\"ok\": true}");
+  EXPECT_EQ(resume(id), "f") << "already resolved";
+  EXPECT_EQ(db_.scalar("SELECT run_lease FROM " + s("jobs") + " WHERE id = $1", {a.job_id}), a.run_lease);
+  // Resumed: heartbeat restarted, completion applies again under the same run lease.
+  EXPECT_EQ(db_.exec("SELECT * FROM " + s("complete_batch") + "(ARRAY[$1::bigint], ARRAY[$2::bigint])",
+                     {a.job_id, a.run_lease})
+                .rows.size(),
+            1u);
+  EXPECT_EQ(state_of(a), "completed");
+}
+
+TEST_F(callbacks, sequential_callbacks_in_one_attempt_each_park_and_resume) {
+  auto a = start();
+  const auto first = register_cb(a);
+  ASSERT_EQ(await(a, first), "waiting");
+  ASSERT_EQ(resume(first, "{\"step\": 1}"), "t");
+  ASSERT_EQ(await(a, first), "resumed:{\"step\": 1}");
+  const auto second = register_cb(a);
+  EXPECT_NE(first, second);
+  EXPECT_EQ(await(a, first), "stale") << "the first id is gone with the rotation";
+  ASSERT_EQ(await(a, second), "waiting");
+  EXPECT_EQ(state_of(a), "waiting_external");
+  EXPECT_EQ(db_.query("SELECT " + s("register_callback") + "($1, $2, '1 hour')", {a.job_id, a.run_lease}).sqlstate,
+            "22023")
+      << "no rotation while parked";
+  EXPECT_EQ(resume(first), "f");
+  EXPECT_EQ(resume(second, "{\"step\": 2}"), "t");
+  EXPECT_EQ(await(a, second), "resumed:{\"step\": 2}");
+  EXPECT_EQ(db_.scalar("SELECT run_lease FROM " + s("jobs") + " WHERE id = $1", {a.job_id}), a.run_lease);
+}
+
+TEST_F(callbacks, resume_arriving_before_the_handler_waits_is_kept) {
+  auto a = start();
+  const auto id = register_cb(a);
+  EXPECT_EQ(resume(id, "{\"early\": 1}"), "t");
+  EXPECT_EQ(state_of(a), "running") << "never parked";
+  EXPECT_EQ(await(a, id), "resumed:{\"early\": 1}") << "the wait returns at once with the payload";
+  EXPECT_EQ(state_of(a), "running");
+  EXPECT_EQ(resume(id), "f");
+}
+
+TEST_F(callbacks, two_concurrent_resumes_exactly_one_wins) {
+  for (int round = 0; round < 10; ++round) {
+    auto a = start();
+    const auto id = register_cb(a);
+    ASSERT_EQ(await(a, id), "waiting");
+    // A third session holds the attempt's receipt so both resumes are in flight at once, then
+    // lets them race.
+    pg holder{schema_.dsn()};
+    holder.exec("BEGIN");
+    holder.exec("SELECT 1 FROM " + s("receipts") + " WHERE job_id = $1 FOR UPDATE", {a.job_id});
+    std::atomic<int> wins{0}, answered{0};
+    auto racer = [&](const std::string& payload) {
+      pg conn{schema_.dsn()};
+      const auto r = conn.scalar("SELECT " + s("resume_callback") + "($1::uuid, $2::jsonb)", {id, payload});
+      if (r == "t") ++wins;
+      ++answered;
+    };
+    std::thread t1(racer, "{\"by\": 1}"), t2(racer, "{\"by\": 2}");
+    const bool both_blocked = eventually([&] {
+      return db_.scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE "
+                        "'%resume_callback%'") == "2";
+    });
+    holder.exec("COMMIT");
+    t1.join();
+    t2.join();
+    ASSERT_TRUE(both_blocked) << "round " << round;
+    EXPECT_EQ(answered.load(), 2);
+    EXPECT_EQ(wins.load(), 1) << "round " << round;
+    const auto got = await(a, id);
+    EXPECT_TRUE(got == "resumed:{\"by\": 1}" || got == "resumed:{\"by\": 2}") << got;
+    db_.exec("SELECT * FROM " + s("complete_batch") + "(ARRAY[$1::bigint], ARRAY[$2::bigint])", {a.job_id, a.run_lease});
+  }
+}
+
+TEST_F(callbacks, resume_after_rescue_or_cancel_is_rejected) {
+  // Rescued for its callback timeout.
+  auto a = start();
+  const auto id = register_cb(a, "20 milliseconds");
+  ASSERT_EQ(await(a, id), "waiting");
+  ASSERT_TRUE(eventually([&] { return rescue("1 hour") == "1"; }));
+  EXPECT_EQ(resume(id), "f");
+  EXPECT_EQ(await(a, id), "stale");
+  // Rescued while registered but running (no heartbeat).
+  db_.exec("SELECT " + s("cancel_job") + "($1)", {a.job_id});
+  auto b = start();
+  const auto id_b = register_cb(b);
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(rescue("10 milliseconds"), "1");
+  EXPECT_EQ(resume(id_b), "f");
+  // Cancelled by an admin while waiting.
+  db_.exec("SELECT " + s("cancel_job") + "($1)", {b.job_id});
+  auto c = start();
+  const auto id_c = register_cb(c);
+  ASSERT_EQ(await(c, id_c), "waiting");
+  EXPECT_EQ(db_.scalar("SELECT " + s("cancel_job") + "($1)", {c.job_id}), "t");
+  EXPECT_EQ(state_of(c), "cancelled");
+  EXPECT_EQ(resume(id_c), "f");
+  EXPECT_EQ(await(c, id_c), "stale");
+}
+
+TEST_F(callbacks, admin_cancel_while_waiting_notifies_the_cancel_channel) {
+  pg listener{schema_.dsn()};
+  listener.exec("LISTEN " + schema_.name() + "_cancel");
+  auto a = start();
+  const auto id = register_cb(a);
+  ASSERT_EQ(await(a, id), "waiting");
+  EXPECT_EQ(db_.scalar("SELECT " + s("cancel_job") + "($1)", {a.job_id}), "t");
+  bool got = false;
+  ASSERT_TRUE(eventually([&] {
+    PQconsumeInput(listener.native());
+    while (PGnotify* n = PQnotifies(listener.native())) {
+      got = got || std::string{n->extra} == a.job_id + ":" + a.run_lease;
+      PQfreemem(n);
+    }
+    return got;
+  }));
+}
+
+TEST_F(callbacks, resume_notifies_the_callback_channel) {
+  pg listener{schema_.dsn()};
+  listener.exec("LISTEN " + schema_.name() + "_callback");
+  auto a = start();
+  const auto id = register_cb(a);
+  ASSERT_EQ(await(a, id), "waiting");
+  ASSERT_EQ(resume(id), "t");
+  bool got = false;
+  ASSERT_TRUE(eventually([&] {
+    PQconsumeInput(listener.native());
+    while (PGnotify* n = PQnotifies(listener.native())) {
+      got = got || std::string{n->extra} == a.job_id + ":" + a.run_lease;
+      PQfreemem(n);
+    }
+    return got;
+  }));
+}
+
+TEST_F(callbacks, callback_timeout_retries_while_attempts_remain_then_fails) {
+  auto a = start(2);
+  const auto id = register_cb(a, "20 milliseconds");
+  ASSERT_EQ(await(a, id), "waiting");
+  ASSERT_TRUE(eventually([&] { return rescue("1 hour") == "1"; }));
+  EXPECT_EQ(state_of(a), "available");
+  EXPECT_EQ(db_.scalar("SELECT last_error FROM " + s("jobs") + " WHERE id = $1", {a.job_id}),
+            "rescued: callback timed out");
+  auto b = claim();
+  EXPECT_EQ(b.run_lease, "2");
+  const auto id_b = register_cb(b, "20 milliseconds");
+  ASSERT_EQ(await(b, id_b), "waiting");
+  ASSERT_TRUE(eventually([&] { return rescue("1 hour") == "1"; }));
+  EXPECT_EQ(state_of(b), "failed");
+}
+
+TEST_F(callbacks, extend_callback_moves_a_waiting_attempts_timeout) {
+  auto a = start();
+  const auto id = register_cb(a, "200 milliseconds");
+  ASSERT_EQ(await(a, id), "waiting");
+  EXPECT_EQ(db_.scalar("SELECT " + s("extend_callback") + "($1::uuid, '1 hour')", {id}), "t");
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(rescue("1 hour"), "0") << "the extended timeout holds";
+  EXPECT_EQ(state_of(a), "waiting_external");
+  // Shortened again: it times out.
+  EXPECT_EQ(db_.scalar("SELECT " + s("extend_callback") + "($1::uuid, '10 milliseconds')", {id}), "t");
+  ASSERT_TRUE(eventually([&] { return rescue("1 hour") == "1"; }));
+  EXPECT_EQ(db_.scalar("SELECT " + s("extend_callback") + "($1::uuid, '1 hour')", {id}), "f") << "stale";
+  EXPECT_EQ(db_.scalar("SELECT " + s("extend_callback") + "(gen_random_uuid(), '1 hour')"), "f") << "unknown";
+  EXPECT_EQ(db_.query("SELECT " + s("extend_callback") + "($1::uuid, '-1 second')", {id}).sqlstate, "22023");
+}
+
+TEST_F(callbacks, complete_and_fail_callback_finish_the_job_from_outside) {
+  auto a = start();
+  const auto id = register_cb(a);
+  ASSERT_EQ(await(a, id), "waiting");
+  EXPECT_EQ(db_.scalar("SELECT " + s("complete_callback") + "($1::uuid, '{\"final\": true}')", {id}), "t");
+  EXPECT_EQ(state_of(a), "completed");
+  EXPECT_EQ(db_.scalar("SELECT progress::text FROM " + s("jobs") + " WHERE id = $1", {a.job_id}), "{\"final\": true}");
+  EXPECT_EQ(db_.scalar("SELECT " + s("complete_callback") + "($1::uuid)", {id}), "f");
+  EXPECT_EQ(resume(id), "f");
+
+  auto b = start(5);
+  const auto id_b = register_cb(b);
+  EXPECT_EQ(db_.scalar("SELECT " + s("fail_callback") + "($1::uuid, 'provider said no', true)", {id_b}), "t");
+  EXPECT_EQ(state_of(b), "retryable");
+  auto c = start(5);
+  const auto id_c = register_cb(c);
+  ASSERT_EQ(await(c, id_c), "waiting");
+  EXPECT_EQ(db_.scalar("SELECT " + s("fail_callback") + "($1::uuid, 'provider said never')", {id_c}), "t");
+  EXPECT_EQ(state_of(c), "failed");
+  EXPECT_EQ(db_.scalar("SELECT last_error FROM " + s("jobs") + " WHERE id = $1", {c.job_id}), "provider said never");
+  EXPECT_EQ(db_.scalar("SELECT " + s("fail_callback") + "($1::uuid, 'again')", {id_c}), "f");
+}
+
+}  // namespace
