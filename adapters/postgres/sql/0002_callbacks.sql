@@ -32,6 +32,7 @@ ALTER TABLE @schema@.attempt_state
   ADD COLUMN callback_id       uuid,
   ADD COLUMN callback_timeout  interval,
   ADD COLUMN callback_deadline timestamptz,          -- armed only while waiting
+  ADD COLUMN waiting_since     timestamptz,          -- when the attempt parked (deadline pause)
   ADD COLUMN waiting           boolean NOT NULL DEFAULT false,
   ADD COLUMN resumed           boolean NOT NULL DEFAULT false,
   ADD COLUMN resume_payload    jsonb;
@@ -133,7 +134,7 @@ BEGIN
       RETURN;
     END IF;
     UPDATE @schema@.attempt_state s
-       SET waiting = true, callback_deadline = now() + s.callback_timeout
+       SET waiting = true, callback_deadline = now() + s.callback_timeout, waiting_since = now()
      WHERE s.job_id = await_callback.job_id AND s.run_lease = await_callback.run_lease
        AND s.callback_id = await_callback.callback_id AND NOT s.resumed AND NOT s.waiting;
     IF NOT FOUND THEN
@@ -177,9 +178,16 @@ BEGIN
   IF a.job_id IS NULL THEN
     RETURN false;
   END IF;
+  -- The hard deadline was suspended while the attempt waited: push it back by the time spent
+  -- parked, so a long wait does not make the resumed attempt overdue at once.
+  UPDATE @schema@.receipts r
+     SET deadline_at = r.deadline_at + (now() - s.waiting_since)
+    FROM @schema@.attempt_state s
+   WHERE r.job_id = a.job_id AND r.run_lease = a.run_lease AND r.deadline_at IS NOT NULL
+     AND s.job_id = r.job_id AND s.run_lease = r.run_lease AND s.waiting AND s.waiting_since IS NOT NULL;
   UPDATE @schema@.attempt_state s
      SET resumed = true, resume_payload = coalesce(resume_callback.payload, '{}'), waiting = false,
-         callback_deadline = NULL, heartbeat_at = now()
+         callback_deadline = NULL, waiting_since = NULL, heartbeat_at = now()
    WHERE s.job_id = a.job_id AND s.run_lease = a.run_lease;
   PERFORM pg_notify(@callback_channel@, a.job_id || ':' || a.run_lease);
   RETURN true;

@@ -133,6 +133,25 @@ TEST_F(callbacks, waiting_attempt_shows_waiting_external_is_not_rescued_for_sile
   EXPECT_EQ(state_of(a), "completed");
 }
 
+TEST_F(callbacks, the_hard_deadline_is_suspended_while_waiting_and_resumes_where_it_stopped) {
+  auto a = start();
+  const auto id = register_cb(a);
+  EXPECT_EQ(await(a, id), "waiting");
+  // The attempt had 10 minutes left when it parked an hour ago; the deadline passed meanwhile.
+  db_.exec("UPDATE " + s("attempt_state") + " SET waiting_since = now() - interval '1 hour' WHERE job_id = $1",
+           {a.job_id});
+  db_.exec("UPDATE " + s("receipts") + " SET deadline_at = now() - interval '50 minutes' WHERE job_id = $1",
+           {a.job_id});
+  EXPECT_EQ(rescue("1 hour"), "0") << "no deadline rescue while waiting";
+  EXPECT_EQ(resume(id), "t");
+  EXPECT_EQ(db_.scalar("SELECT round(extract(epoch from deadline_at - now()) / 60) FROM " + s("receipts") +
+                       " WHERE job_id = $1", {a.job_id}),
+            "10")
+      << "the remaining 10 minutes are kept";
+  EXPECT_EQ(rescue("1 hour"), "0") << "the resumed attempt is not overdue";
+  EXPECT_EQ(state_of(a), "running");
+}
+
 TEST_F(callbacks, sequential_callbacks_in_one_attempt_each_park_and_resume) {
   auto a = start();
   const auto first = register_cb(a);
