@@ -200,7 +200,6 @@ struct atomic_metrics {
       cancelled{0}, snoozed{0}, rescued{0}, claims{0}, flushes{0}, flushed_items{0}, flush_failures{0},
       flush_max_size{0}, flush_latency_us_total{0}, heartbeats{0}, database_errors{0};
   std::atomic<std::int64_t> in_flight{0};
-  std::atomic<std::int64_t> pending_completions{0};
 };
 
 std::string default_worker_id() {
@@ -455,7 +454,6 @@ struct runtime::impl {
       std::optional<std::string> progress;
       if (outcome.progress()) progress = outcome.progress()->dump();
       pending.push_back({entry, std::move(progress)});
-      m.pending_completions.fetch_add(1, std::memory_order_relaxed);
       maybe_flush();
       return;
     }
@@ -636,7 +634,6 @@ struct runtime::impl {
     auto max = m.flush_max_size.load(std::memory_order_relaxed);
     while (size > max && !m.flush_max_size.compare_exchange_weak(max, size)) {
     }
-    m.pending_completions.fetch_sub(static_cast<std::int64_t>(size), std::memory_order_relaxed);
     const auto& results = r.value();
     for (std::size_t i = 0; i < batch.size(); ++i) {
       const auto& entry = batch[i].entry;

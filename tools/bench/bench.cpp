@@ -126,7 +126,7 @@ void wait_for(const std::function<bool()>& done, std::chrono::seconds limit, con
 
 /// Low-load pickup: one job at a time into an idle worker; from the enqueue's COMMIT returning
 /// to the handler starting.
-std::vector<double> pickup_latencies(const std::string& dsn, const std::string& schema, runtime& rt,
+std::vector<double> pickup_latencies(const std::string& dsn, const std::string& schema,
                                      std::atomic<std::int64_t>& last_start_ns, std::atomic<std::int64_t>& last_job,
                                      int samples) {
   pg_session producer(dsn);
@@ -141,7 +141,6 @@ std::vector<double> pickup_latencies(const std::string& dsn, const std::string& 
     const auto started = clock::time_point{clock::duration{last_start_ns.load()}};
     out.push_back(std::max(0.0, std::chrono::duration<double, std::milli>(started - committed).count()));
   }
-  (void)rt;
   return out;
 }
 
@@ -176,7 +175,7 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
     return job_outcome::completed();
   });
   if (!idle_rt->start()) throw std::runtime_error("bench: runtime did not start");
-  auto lat = pickup_latencies(o.dsn, schema, *idle_rt, last_start_ns, last_job, o.pickup_samples);
+  auto lat = pickup_latencies(o.dsn, schema, last_start_ns, last_job, o.pickup_samples);
   idle_rt->stop();
 
   return {{"scenario", "runtime"},
