@@ -109,6 +109,20 @@ std::shared_ptr<sdk::signal_port> make_signal_port(std::string dsn, std::string 
 }
 
 result<std::unique_ptr<runtime>> make_runtime(runtime_options options, std::string* detail) {
+  if (options.reserved_connections < 1 || options.pool_size <= options.reserved_connections) {
+    if (detail) {
+      *detail = "pool_size (" + std::to_string(options.pool_size) + ") must exceed reserved_connections (" +
+                std::to_string(options.reserved_connections) + ")";
+    }
+    return errc::invalid_argument;
+  }
+  // Handlers' own store calls never take the connections kept for heartbeats, flushes and
+  // reconciliation.
+  if (options.runtime.handler_store_calls == 0 ||
+      options.runtime.handler_store_calls > options.pool_size - options.reserved_connections) {
+    options.runtime.handler_store_calls = options.pool_size - options.reserved_connections;
+  }
+  options.runtime.sql_schema = options.schema;
   auto st = store::open({.dsn = options.dsn,
                          .schema = options.schema,
                          .pool_size = options.pool_size,

@@ -14,9 +14,11 @@
 #include <optional>
 #include <string>
 #include <vector>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
+#include "tenure/finalization.hpp"
 #include "tenure/job.hpp"
 #include "tenure/result.hpp"
 #include "tenure/token.hpp"
@@ -60,6 +62,23 @@ struct runtime_config {
   bool maintenance = true;
   std::string worker_id;  ///< default "<hostname>:<pid>"
   int handler_threads = 0;  ///< default: the sum of max_concurrency
+  // ---- caller-owned handlers (handle_caller_owned) -----------------------------------------
+  /// The schema the finalization bridges call (`<schema>.complete_job`). postgres::make_runtime
+  /// sets it to the store's schema.
+  std::string sql_schema = "tenure";
+  /// After a handler exits, reconciliation (and the outcome write that follows) retries with
+  /// backoff while the database cannot answer. Once this budget has passed, or the attempt's
+  /// rescue deadline (last heartbeat + staleness), the attempt's capacity permit is released so
+  /// other jobs may run, while a light watcher keeps reconciling. Default: staleness.
+  std::optional<milliseconds> reconcile_budget;
+  /// Most caller-owned handlers running at once across all queues (each typically holds one of
+  /// the application's own connections); an attempt over the cap waits, heartbeated, for a
+  /// slot. 0: bounded only by the queues' max_concurrency.
+  int max_caller_owned = 0;
+  /// Most storage calls handlers make at once through their context (flush_progress,
+  /// previous_progress, callbacks), so that heartbeats, flushes and reconciliation always find a
+  /// free connection. 0: unlimited. postgres::make_runtime sets pool_size - reserved_connections.
+  int handler_store_calls = 0;
   /// Serve Prometheus text at http://metrics_address:metrics_port/metrics when set.
   std::optional<std::uint16_t> metrics_port;
   std::string metrics_address = "127.0.0.1";
@@ -154,8 +173,50 @@ class job_context {
   /// attempt's original hard deadline, if any, applies again.
   result<nlohmann::json> wait_for_callback(const std::string& callback_id);
 
- private:
+ protected:
   std::shared_ptr<detail::attempt_entry> entry_;
+};
+
+/// Each bridge header specializes this for its transaction type (see tenure/finalization.hpp).
+template <class Tx, class = void>
+struct tx_bridge {
+  static_assert(sizeof(Tx) == 0,
+                "complete_in_tx: no bridge for this transaction type; include tenure/soci.hpp "
+                "(soci::session&), tenure/libpq.hpp (PGconn*) or tenure/pqxx.hpp (pqxx::work&) and "
+                "link the matching tenure:: target");
+};
+
+/// The context of a caller-owned handler: everything a job_context has, plus complete_in_tx.
+class caller_owned_context : public job_context {
+ public:
+  caller_owned_context(std::shared_ptr<detail::attempt_entry> entry, std::string sql_schema);
+  /// The schema the bridges call.
+  const std::string& sql_schema() const noexcept { return schema_; }
+
+  /// Completes this attempt inside the caller's open transaction `tx` (a soci::session&, a
+  /// PGconn* or a pqxx transaction, with its bridge header included): runs the guarded
+  /// `<schema>.complete_job(token, progress)` on it, never begins, commits or rolls back.
+  /// `progress`, when given, is the job's final progress; else progress buffered with
+  /// set_progress() and not yet flushed is used, else the last flushed one is kept.
+  /// errc::stale_attempt when the attempt is no longer live: the server raised TN001 and the
+  /// caller's transaction is aborted (roll it back). errc::invalid_argument when `tx` has no
+  /// open transaction. The receipt only proves the statement ran: the caller must still COMMIT,
+  /// and the runtime checks durable evidence after the handler returns either way.
+  template <class Tx>
+  result<finalization_receipt> complete_in_tx(Tx&& tx, std::optional<nlohmann::json> progress = std::nullopt) {
+    return tx_bridge<std::remove_cvref_t<Tx>>::complete(std::forward<Tx>(tx), token(),
+                                                        finalize_options_for(std::move(progress)));
+  }
+
+  /// The error text recorded with the retry or failure when the handler returns an error (and
+  /// the attempt turns out to be still open). Default: the error code's message.
+  void note_failure(std::string why);
+
+  /// The options complete_in_tx passes to a bridge (schema and final progress).
+  finalize_options finalize_options_for(std::optional<nlohmann::json> progress);
+
+ private:
+  std::string schema_;
 };
 
 /// Lifecycle events, reported after the transition was durably applied (never for stale results).
@@ -188,13 +249,22 @@ struct runtime_metrics {
   std::uint64_t flush_latency_us_total = 0;
   std::uint64_t heartbeats = 0;   ///< heartbeat statements
   std::uint64_t database_errors = 0;
+  std::uint64_t reconciliations = 0;     ///< evidence reads after a caller-owned exit (or doubt)
+  std::uint64_t protocol_warnings = 0;   ///< handler exits the durable evidence contradicted
+  std::uint64_t capacity_released = 0;   ///< permits released while evidence was unreachable
   std::int64_t in_flight = 0;     ///< attempts held (running or waiting for their flush)
+  std::int64_t permits_held = 0;  ///< capacity permits held by attempts (all queues)
+  std::int64_t watching = 0;      ///< attempts past their reconcile budget: permit released, still reconciling
   bool leader = false;
 };
 
 class runtime {
  public:
   using handler = std::function<job_outcome(job_context&)>;
+  /// A caller-owned handler: finishes its job itself with ctx.complete_in_tx(tx) and returns the
+  /// receipt, or returns an error (errc::invalid_argument: fail for good; anything else: retry
+  /// with the queue's backoff, when the durable evidence shows the attempt still open).
+  using caller_owned_handler = std::function<result<finalization_receipt>(caller_owned_context&)>;
   using event_hook = std::function<void(const job_event&)>;
 
   /// Validates the config. errc::invalid_argument with `detail` for a bad one.
@@ -221,6 +291,32 @@ class runtime {
              }
              return fn(args, ctx);
            }});
+  }
+  /// Registers a caller-owned handler for a job kind (replacing any handler of that kind). After
+  /// every exit (receipt, error, exception, cancellation) the runtime reads the attempt's durable
+  /// evidence before it releases anything:
+  ///  1. completed by this attempt: accepted (a handler that reported an error anyway gets one
+  ///     warn-level protocol event);
+  ///  2. still open (rolled back, never finalized): the handler's error goes through the retry /
+  ///     fail policy; a receipt without evidence is a protocol error, retried likewise;
+  ///  3. closed by something else (rescued, cancelled, re-claimed): stale, nothing written;
+  ///  4. database unreachable: reconciliation retries with backoff; past reconcile_budget the
+  ///     permit is released and a watcher keeps reconciling. Nothing is written without evidence.
+  void handle_caller_owned(std::string kind, caller_owned_handler fn);
+  /// The same with typed args; args that do not convert fail the job permanently.
+  template <class Args, class Fn>
+  void handle_caller_owned(std::string kind, Fn fn) {
+    handle_caller_owned(std::move(kind),
+                        caller_owned_handler{[fn = std::move(fn)](caller_owned_context& ctx) -> result<finalization_receipt> {
+                          Args args;
+                          try {
+                            args = ctx.args().get<Args>();
+                          } catch (const std::exception& e) {
+                            ctx.note_failure(std::string{"bad args: "} + e.what());
+                            return make_error_code(errc::invalid_argument);
+                          }
+                          return fn(args, ctx);
+                        }});
   }
   /// Called after each durably applied transition, on the control thread: keep it short.
   void on_event(event_hook hook);

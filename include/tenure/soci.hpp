@@ -1,6 +1,7 @@
 #pragma once
 /// \file
-/// Opt-in bridge to a caller's SOCI session (PostgreSQL backend): transactional enqueue.
+/// Opt-in bridge to a caller's SOCI session (PostgreSQL backend): transactional enqueue and
+/// caller-owned finalization (complete_in_tx).
 /// Link `tenure::soci`. This header includes SOCI; the rest of tenure's public API does not.
 ///
 /// The job is written by the caller's own connection inside whatever transaction is open on it:
@@ -13,8 +14,10 @@
 
 #include <soci/soci.h>
 
+#include "tenure/finalization.hpp"
 #include "tenure/job.hpp"
 #include "tenure/result.hpp"
+#include "tenure/runtime.hpp"
 
 namespace tenure {
 
@@ -36,5 +39,21 @@ result<std::int64_t> enqueue(soci::session& session, const new_job& job, const s
 /// All or nothing: one invalid job rejects the batch before anything is sent.
 result<std::vector<std::int64_t>> enqueue_batch(soci::session& session, std::span<const new_job> jobs,
                                                 const sql_options& options = {});
+
+/// Completes the attempt named by `token` through `session`, inside the transaction the caller
+/// opened on it (a soci::transaction, or BEGIN): errc::invalid_argument when none is open (an
+/// autocommit completion would commit apart from the business writes). errc::stale_attempt when
+/// the attempt is no longer live (TN001: the transaction is now aborted; roll it back),
+/// errc::malformed_token (TN002), errc::database_unavailable when the connection broke.
+result<finalization_receipt> complete_in_tx(soci::session& session, const finalization_token& token,
+                                            const finalize_options& options = {});
+
+template <>
+struct tx_bridge<soci::session> {
+  static result<finalization_receipt> complete(soci::session& session, const finalization_token& token,
+                                               const finalize_options& options) {
+    return complete_in_tx(session, token, options);
+  }
+};
 
 }  // namespace tenure

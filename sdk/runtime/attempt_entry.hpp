@@ -2,6 +2,7 @@
 /// \file
 /// One attempt held by this process, keyed by (job_id, run_lease). Private to the runtime.
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <optional>
@@ -13,6 +14,45 @@
 #include "sdk/storage_port.hpp"
 
 namespace tenure::detail {
+
+/// A counting gate: at most `n` holders at once; the rest wait. Any thread.
+class call_gate {
+ public:
+  explicit call_gate(int n) : free_(n) {}
+  void acquire() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return free_ > 0; });
+    --free_;
+  }
+  void release() {
+    {
+      std::lock_guard lock(mu_);
+      ++free_;
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int free_;
+};
+
+/// Holds a gate (when there is one) for a scope.
+class gate_hold {
+ public:
+  explicit gate_hold(call_gate* g) : g_(g) {
+    if (g_) g_->acquire();
+  }
+  ~gate_hold() {
+    if (g_) g_->release();
+  }
+  gate_hold(const gate_hold&) = delete;
+  gate_hold& operator=(const gate_hold&) = delete;
+
+ private:
+  call_gate* g_;
+};
 
 struct attempt_entry {
   explicit attempt_entry(claimed_attempt c) : claim(std::move(c)) {}
@@ -62,6 +102,8 @@ struct attempt_entry {
 
   /// The store, for the handler's own guarded calls (flush_progress, previous_progress).
   std::shared_ptr<sdk::storage_port> store;
+  /// Caps the store calls handlers make at once (keeps connections for heartbeats); may be null.
+  std::shared_ptr<call_gate> store_gate;
   /// previous_progress(), once read (guarded by mu).
   bool checkpoint_read = false;
   std::optional<std::string> checkpoint;
@@ -72,9 +114,20 @@ struct attempt_entry {
   std::atomic<std::uint64_t> pokes{0};
   std::optional<std::string> progress;
 
+  /// What a caller-owned handler asked to record if it returns an error (guarded by mu).
+  std::string failure_note;
+
   // Control-thread state.
   bool in_doubt = false;       ///< a flush carrying this completion had an unknown outcome
   bool handler_done = false;   ///< the handler returned; the outcome is being recorded
+  bool permit_held = true;     ///< its queue's capacity permit is still taken by this attempt
+  bool watching = false;       ///< permit released while the database could not answer for it
+  /// When the database last confirmed the attempt live (claim or heartbeat): with staleness,
+  /// the attempt's rescue deadline.
+  std::chrono::steady_clock::time_point last_live = std::chrono::steady_clock::now();
+  /// When recording its outcome (reconciliation or outcome write) first failed; nullopt while
+  /// the database answers.
+  std::optional<std::chrono::steady_clock::time_point> trouble_since;
 
  private:
   mutable std::once_flag args_once;

@@ -99,9 +99,12 @@ result<bool> job_context::flush_progress() {
   const auto& a = entry_->claim.attempt;
   auto progress = entry_->take_progress();
   const std::optional<std::string> items[1] = {progress};
-  auto r = entry_->store->heartbeat(std::span<const attempt_id>{&a, 1},
+  auto r = [&] {
+    detail::gate_hold hold{entry_->store_gate.get()};
+    return entry_->store->heartbeat(std::span<const attempt_id>{&a, 1},
                                     progress ? std::span<const std::optional<std::string>>{items}
                                              : std::span<const std::optional<std::string>>{});
+  }();
   if (!r) {
     if (progress) entry_->restore_progress(*progress);
     return r.error();
@@ -114,7 +117,10 @@ result<bool> job_context::flush_progress() {
 }
 result<std::string> job_context::register_callback(milliseconds timeout) {
   if (timeout.count() <= 0) return make_error_code(errc::invalid_argument);
-  auto id = entry_->store->register_callback(entry_->claim.attempt, timeout);
+  auto id = [&] {
+    detail::gate_hold hold{entry_->store_gate.get()};
+    return entry_->store->register_callback(entry_->claim.attempt, timeout);
+  }();
   if (!id && id.error() == errc::stale_attempt) entry_->cancel();
   return id;
 }
@@ -125,7 +131,10 @@ result<nlohmann::json> job_context::wait_for_callback(const std::string& callbac
   for (;;) {
     const bool cancelled = entry_->is_cancelled();
     const auto pokes = entry_->pokes.load(std::memory_order_acquire);
-    auto r = entry_->store->await_callback(entry_->claim.attempt, callback_id);
+    auto r = [&] {
+      detail::gate_hold hold{entry_->store_gate.get()};
+      return entry_->store->await_callback(entry_->claim.attempt, callback_id);
+    }();
     if (cancelled) {
       // One last look tells why: the attempt is gone (stale), was resumed just now, or is still
       // parked and this runtime is giving up on it (shutting down; it stays open until its
@@ -167,7 +176,11 @@ result<std::optional<nlohmann::json>> job_context::previous_progress() {
     text = entry_->checkpoint;
   }
   if (!read) {
-    TENURE_TRY(text, entry_->store->checkpoint(entry_->claim.attempt));
+    auto read_text = [&] {
+      detail::gate_hold hold{entry_->store_gate.get()};
+      return entry_->store->checkpoint(entry_->claim.attempt);
+    }();
+    TENURE_TRY(text, std::move(read_text));
     std::lock_guard lock(entry_->mu);
     entry_->checkpoint_read = true;
     entry_->checkpoint = text;
@@ -176,6 +189,27 @@ result<std::optional<nlohmann::json>> job_context::previous_progress() {
   auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return make_error_code(errc::protocol_error);
   return std::optional<nlohmann::json>{std::move(j)};
+}
+
+caller_owned_context::caller_owned_context(std::shared_ptr<detail::attempt_entry> entry, std::string sql_schema)
+    : job_context(std::move(entry)), schema_(std::move(sql_schema)) {}
+
+void caller_owned_context::note_failure(std::string why) {
+  std::lock_guard lock(entry_->mu);
+  entry_->failure_note = std::move(why);
+}
+
+finalize_options caller_owned_context::finalize_options_for(std::optional<nlohmann::json> progress) {
+  finalize_options o;
+  o.schema = schema_;
+  if (progress) {
+    o.progress = std::move(progress);
+  } else if (auto buffered = entry_->take_progress()) {
+    // Progress set but not flushed yet: it becomes the final progress, in the same statement.
+    auto j = nlohmann::json::parse(*buffered, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded()) o.progress = std::move(j);
+  }
+  return o;
 }
 
 std::string_view to_string(lifecycle_event e) noexcept {
@@ -198,8 +232,9 @@ namespace {
 struct atomic_metrics {
   std::atomic<std::uint64_t> claimed{0}, completed{0}, stale_rejected{0}, retried{0}, failed{0},
       cancelled{0}, snoozed{0}, rescued{0}, claims{0}, flushes{0}, flushed_items{0}, flush_failures{0},
-      flush_max_size{0}, flush_latency_us_total{0}, heartbeats{0}, database_errors{0};
-  std::atomic<std::int64_t> in_flight{0};
+      flush_max_size{0}, flush_latency_us_total{0}, heartbeats{0}, database_errors{0}, reconciliations{0},
+      protocol_warnings{0}, capacity_released{0};
+  std::atomic<std::int64_t> in_flight{0}, permits_held{0}, watching{0};
 };
 
 std::string default_worker_id() {
@@ -256,7 +291,10 @@ struct runtime::impl {
   std::shared_ptr<sdk::storage_port> store;
   std::shared_ptr<sdk::signal_port> signals;
   std::unordered_map<std::string, handler> handlers;
+  std::unordered_map<std::string, caller_owned_handler> owned_handlers;
   std::vector<event_hook> hooks;
+  std::shared_ptr<detail::call_gate> store_gate;  ///< handler-side store calls (may be null)
+  std::unique_ptr<detail::call_gate> owned_gate;  ///< caller-owned handlers running (may be null)
   atomic_metrics m;
   std::atomic<bool> leader{false};
 
@@ -293,6 +331,7 @@ struct runtime::impl {
   std::mutex lifecycle_mu;
 
   milliseconds staleness() const { return cfg.staleness.value_or(cfg.heartbeat_interval * 3); }
+  milliseconds reconcile_budget() const { return cfg.reconcile_budget.value_or(staleness()); }
 
   template <class Fn>
   void on_ctl(Fn&& fn) {
@@ -408,12 +447,18 @@ struct runtime::impl {
   void start_attempt(claimed_attempt c) {
     auto entry = std::make_shared<attempt_entry>(std::move(c));
     entry->store = store;
+    entry->store_gate = store_gate;
     const auto& a = entry->claim;
     in_flight.emplace(a.attempt, entry);
     m.in_flight.fetch_add(1, std::memory_order_relaxed);
+    m.permits_held.fetch_add(1, std::memory_order_relaxed);
     m.claimed.fetch_add(1, std::memory_order_relaxed);
     ++running_handlers;
     emit(lifecycle_event::started, a);
+    if (auto owned = owned_handlers.find(a.kind); owned != owned_handlers.end()) {
+      run_caller_owned(entry, owned->second);
+      return;
+    }
     auto it = handlers.find(a.kind);
     if (it == handlers.end()) {
       // No handler here for this kind: give the attempt back (snooze) so a worker that has one
@@ -435,6 +480,175 @@ struct runtime::impl {
       }
       on_ctl([this, entry, outcome = std::move(outcome)]() mutable { on_outcome(entry, std::move(outcome)); });
     });
+  }
+
+  // ---- caller-owned handlers ----
+
+  /// How a caller-owned handler exited.
+  struct caller_exit {
+    enum class how { receipt, error, threw, cancelled } what = how::error;
+    std::error_code code;  ///< for error / cancelled
+    std::string message;   ///< the handler's note, the exception text, or the code's message
+  };
+  static const char* to_text(caller_exit::how h) {
+    switch (h) {
+      case caller_exit::how::receipt: return "returned a receipt";
+      case caller_exit::how::error: return "returned an error";
+      case caller_exit::how::threw: return "threw";
+      case caller_exit::how::cancelled: return "was cancelled";
+    }
+    return "exited";
+  }
+
+  void run_caller_owned(const entry_ptr& entry, const caller_owned_handler& fn) {
+    asio::post(*workers, [this, entry, &fn] {
+      caller_exit exit;
+      {
+        detail::gate_hold slot{owned_gate.get()};
+        try {
+          caller_owned_context ctx{entry, cfg.sql_schema};
+          auto r = fn(ctx);
+          if (r) {
+            exit.what = caller_exit::how::receipt;
+            if (!(r.value().attempt() == entry->claim.attempt)) {
+              // A receipt for another attempt proves nothing about this one: evidence decides.
+              exit.message = "receipt names another attempt";
+            }
+          } else {
+            exit.what = entry->is_cancelled() ? caller_exit::how::cancelled : caller_exit::how::error;
+            exit.code = r.error();
+            std::lock_guard lock(entry->mu);
+            exit.message = entry->failure_note.empty() ? r.error().message() : entry->failure_note;
+          }
+        } catch (const std::exception& e) {
+          exit.what = caller_exit::how::threw;
+          exit.message = std::string{"handler threw: "} + e.what();
+        } catch (...) {
+          exit.what = caller_exit::how::threw;
+          exit.message = "handler threw a non-standard exception";
+        }
+      }
+      on_ctl([this, entry, exit = std::move(exit)]() mutable { on_caller_exit(entry, std::move(exit)); });
+    });
+  }
+
+  void on_caller_exit(const entry_ptr& entry, caller_exit exit) {
+    --running_handlers;
+    entry->handler_done = true;
+    if (abandoning) {
+      const auto& a = entry->claim;
+      spdlog::warn("tenure: job {} lease {} queue {} (caller-owned) exited after the shutdown timeout; not "
+                   "reconciled here, its attempt is settled by its own transaction or by rescue",
+                   a.attempt.job_id, a.attempt.run_lease, a.queue);
+      release(entry);
+      return;
+    }
+    reconcile_caller(entry, std::make_shared<caller_exit>(std::move(exit)), milliseconds{0});
+  }
+
+  /// Reads the attempt's durable evidence and acts on it (DESIGN.md section 6, cases 1-4).
+  void reconcile_caller(const entry_ptr& entry, std::shared_ptr<caller_exit> exit, milliseconds backoff) {
+    ++outstanding_ops;
+    m.reconciliations.fetch_add(1, std::memory_order_relaxed);
+    on_db([this, a = entry->claim.attempt] { return store->reconcile(a); },
+          [this, entry, exit, backoff](result<sdk::attempt_evidence> r) {
+            --outstanding_ops;
+            const auto& c = entry->claim;
+            if (!r) {
+              // Case 4: no evidence, so nothing is written. Keep asking; past the budget the
+              // permit goes back to the queue and this loop becomes the light watcher.
+              m.database_errors.fetch_add(1, std::memory_order_relaxed);
+              note_trouble(entry);
+              if (abandoning) {
+                spdlog::error("tenure: job {} lease {} queue {}: no evidence before shutdown ({}); the attempt is "
+                              "settled by its own transaction or by rescue",
+                              c.attempt.job_id, c.attempt.run_lease, c.queue, r.error().message());
+                release(entry);
+                return;
+              }
+              const auto next = next_backoff(backoff);
+              spdlog::warn("tenure: reconciling job {} lease {} queue {} failed ({}); retrying in {} ms", c.attempt.job_id,
+                           c.attempt.run_lease, c.queue, r.error().message(), next.count());
+              retry_later(next, [this, entry, exit, next] { reconcile_caller(entry, exit, next); });
+              return;
+            }
+            entry->trouble_since.reset();
+            switch (r.value()) {
+              case sdk::attempt_evidence::completed_by_this:
+                // Case 1: durable state wins, whatever the handler said.
+                if (exit->what != caller_exit::how::receipt) {
+                  m.protocol_warnings.fetch_add(1, std::memory_order_relaxed);
+                  spdlog::warn("tenure: protocol: job {} lease {} queue {} is durably completed by this attempt but "
+                               "its handler {} ({}); accepting the completion",
+                               c.attempt.job_id, c.attempt.run_lease, c.queue, to_text(exit->what), exit->message);
+                }
+                m.completed.fetch_add(1, std::memory_order_relaxed);
+                emit(lifecycle_event::completed, c);
+                release(entry);
+                return;
+              case sdk::attempt_evidence::open: {
+                // Case 2: rolled back or never finalized: the ordinary retry / fail policy.
+                job_outcome outcome = job_outcome::retry(exit->message);
+                if (exit->what == caller_exit::how::receipt) {
+                  m.protocol_warnings.fetch_add(1, std::memory_order_relaxed);
+                  spdlog::error("tenure: protocol: job {} lease {} queue {}: the handler returned a receipt but the "
+                                "attempt is still open (its transaction did not commit){}; retrying it",
+                                c.attempt.job_id, c.attempt.run_lease, c.queue,
+                                exit->message.empty() ? "" : ", " + exit->message);
+                  outcome = job_outcome::retry("protocol error: receipt without a durable completion");
+                } else if (exit->what == caller_exit::how::error && exit->code == errc::invalid_argument) {
+                  outcome = job_outcome::fail(exit->message);
+                }
+                apply_outcome(entry, std::move(outcome), milliseconds{0});
+                return;
+              }
+              case sdk::attempt_evidence::closed_by_other:
+              case sdk::attempt_evidence::unknown_job:
+                // Case 3: rescued, cancelled or re-claimed: stale, change nothing.
+                discard_stale(entry);
+                return;
+            }
+          });
+  }
+
+  /// Runs `fn` on the control thread after `d`, counted as outstanding work.
+  void retry_later(milliseconds d, std::function<void()> fn) {
+    auto t = std::make_shared<asio::steady_timer>(ctl, d);
+    ++outstanding_ops;
+    t->async_wait([this, t, fn = std::move(fn)](const boost::system::error_code&) {
+      --outstanding_ops;
+      fn();
+    });
+  }
+
+  /// The database could not record or reconcile this attempt's outcome. Past the reconcile
+  /// budget, or past the attempt's rescue deadline (after which another worker may rightly run
+  /// the job), its capacity permit is released; the entry stays (heartbeated, reconciling).
+  void note_trouble(const entry_ptr& entry) {
+    const auto now = steady_clock::now();
+    if (!entry->trouble_since) entry->trouble_since = now;
+    if (!entry->permit_held) return;
+    if (now - *entry->trouble_since < reconcile_budget() && now - entry->last_live < staleness()) return;
+    const auto& c = entry->claim;
+    spdlog::warn("tenure: job {} lease {} queue {}: the database has not answered for its outcome for {} ms; "
+                 "releasing its capacity permit, still reconciling (nothing is written without evidence)",
+                 c.attempt.job_id, c.attempt.run_lease, c.queue,
+                 std::chrono::duration_cast<milliseconds>(now - *entry->trouble_since).count());
+    entry->watching = true;
+    m.watching.fetch_add(1, std::memory_order_relaxed);
+    m.capacity_released.fetch_add(1, std::memory_order_relaxed);
+    release_permit(entry);
+  }
+
+  void release_permit(const entry_ptr& entry) {
+    if (!entry->permit_held) return;
+    entry->permit_held = false;
+    m.permits_held.fetch_sub(1, std::memory_order_relaxed);
+    if (auto it = by_name.find(entry->claim.queue); it != by_name.end()) {
+      auto& q = *it->second;
+      ++q.free;
+      if (!q.drained) schedule_pump(q);
+    }
   }
 
   // ---- outcomes ----
@@ -533,6 +747,7 @@ struct runtime::impl {
           // Keep the entry and retry: the attempt stays ours until the database answers. An
           // unknown outcome is retried too; if the first call had landed, the retry is stale.
           if (r.error() == errc::commit_in_doubt) entry->in_doubt = true;
+          note_trouble(entry);
           if (abandoning) {
             spdlog::error("tenure: could not record the {} outcome of job {} lease {} queue {} before shutdown "
                           "({}); the attempt stays open for rescue",
@@ -543,12 +758,7 @@ struct runtime::impl {
           }
           spdlog::warn("tenure: recording outcome of job {} lease {} failed ({}); retrying in {} ms",
                        c.attempt.job_id, c.attempt.run_lease, r.error().message(), next.count());
-          auto t = std::make_shared<asio::steady_timer>(ctl, next);
-          ++outstanding_ops;
-          t->async_wait([this, t, entry, outcome, next](const boost::system::error_code&) mutable {
-            --outstanding_ops;
-            apply_outcome(entry, std::move(outcome), next);
-          });
+          retry_later(next, [this, entry, outcome, next]() mutable { apply_outcome(entry, std::move(outcome), next); });
         });
   }
 
@@ -556,11 +766,11 @@ struct runtime::impl {
     const auto& c = entry->claim;
     if (in_flight.erase(c.attempt) == 0) return;
     m.in_flight.fetch_sub(1, std::memory_order_relaxed);
-    if (auto it = by_name.find(c.queue); it != by_name.end()) {
-      auto& q = *it->second;
-      ++q.free;
-      if (!q.drained) schedule_pump(q);
+    if (entry->watching) {
+      entry->watching = false;
+      m.watching.fetch_sub(1, std::memory_order_relaxed);
     }
+    release_permit(entry);
     check_idle();
   }
 
@@ -611,7 +821,10 @@ struct runtime::impl {
       m.flush_failures.fetch_add(1, std::memory_order_relaxed);
       m.database_errors.fetch_add(1, std::memory_order_relaxed);
       const bool doubt = r.error() == errc::commit_in_doubt;
-      for (auto& p : batch) p.entry->in_doubt = p.entry->in_doubt || doubt;
+      for (auto& p : batch) {
+        p.entry->in_doubt = p.entry->in_doubt || doubt;
+        note_trouble(p.entry);
+      }
       for (auto it = batch.rbegin(); it != batch.rend(); ++it) pending.push_front(std::move(*it));
       flush_backoff = next_backoff(flush_backoff);
       spdlog::warn("tenure: completion flush of {} failed ({}); retrying in {} ms", batch.size(),
@@ -637,6 +850,7 @@ struct runtime::impl {
     const auto& results = r.value();
     for (std::size_t i = 0; i < batch.size(); ++i) {
       const auto& entry = batch[i].entry;
+      entry->trouble_since.reset();
       const bool applied = i < results.size() && results[i].applied;
       if (applied) {
         m.completed.fetch_add(1, std::memory_order_relaxed);
@@ -662,19 +876,22 @@ struct runtime::impl {
   /// A completion whose earlier flush had an unknown outcome came back stale: was it ours?
   void reconcile_in_doubt(const entry_ptr& entry, milliseconds backoff = milliseconds{0}) {
     ++outstanding_ops;
+    m.reconciliations.fetch_add(1, std::memory_order_relaxed);
     on_db([this, a = entry->claim.attempt] { return store->reconcile(a); },
           [this, entry, backoff](result<sdk::attempt_evidence> r) {
             --outstanding_ops;
             if (!r) {
+              m.database_errors.fetch_add(1, std::memory_order_relaxed);
+              note_trouble(entry);
+              if (abandoning) {
+                release(entry);
+                return;
+              }
               const auto next = next_backoff(backoff);
-              auto t = std::make_shared<asio::steady_timer>(ctl, next);
-              ++outstanding_ops;
-              t->async_wait([this, t, entry, next](const boost::system::error_code&) {
-                --outstanding_ops;
-                reconcile_in_doubt(entry, next);
-              });
+              retry_later(next, [this, entry, next] { reconcile_in_doubt(entry, next); });
               return;
             }
+            entry->trouble_since.reset();
             if (r.value() == sdk::attempt_evidence::completed_by_this) {
               m.completed.fetch_add(1, std::memory_order_relaxed);
               emit(lifecycle_event::completed, entry->claim);
@@ -727,7 +944,9 @@ struct runtime::impl {
               return;
             }
             std::set<attempt_id> live(r.value().begin(), r.value().end());
+            const auto now = steady_clock::now();
             for (const auto& e : entries) {
+              if (live.contains(e->claim.attempt)) e->last_live = now;
               // An attempt whose handler already returned is settled by its own flush or write
               // (which may just have closed it, racing this heartbeat): nothing to cancel.
               if (e->handler_done || !in_flight.contains(e->claim.attempt)) continue;
@@ -917,16 +1136,29 @@ result<std::unique_ptr<runtime>> runtime::create(runtime_config config, std::sha
   if (config.poll_interval.count() <= 0) return bad("poll_interval must be positive");
   if (config.maintenance_interval.count() <= 0) return bad("maintenance_interval must be positive");
   if (config.shutdown_timeout.count() < 0) return bad("shutdown_timeout must not be negative");
+  if (config.reconcile_budget && config.reconcile_budget->count() < 0) return bad("reconcile_budget must not be negative");
+  if (config.max_caller_owned < 0) return bad("max_caller_owned must not be negative");
+  if (config.handler_store_calls < 0) return bad("handler_store_calls must not be negative");
+  if (config.sql_schema.empty()) return bad("sql_schema must not be empty");
   if (config.worker_id.empty()) config.worker_id = default_worker_id();
   if (config.handler_threads <= 0) {
     config.handler_threads = 0;
     for (const auto& q : config.queues) config.handler_threads += q.max_concurrency;
   }
   auto p = std::make_unique<impl>(std::move(config), std::move(store), std::move(signals));
+  if (p->cfg.handler_store_calls > 0) p->store_gate = std::make_shared<detail::call_gate>(p->cfg.handler_store_calls);
+  if (p->cfg.max_caller_owned > 0) p->owned_gate = std::make_unique<detail::call_gate>(p->cfg.max_caller_owned);
   return std::unique_ptr<runtime>(new runtime(std::move(p)));
 }
 
-void runtime::handle(std::string kind, handler fn) { impl_->handlers[std::move(kind)] = std::move(fn); }
+void runtime::handle(std::string kind, handler fn) {
+  impl_->owned_handlers.erase(kind);
+  impl_->handlers[std::move(kind)] = std::move(fn);
+}
+void runtime::handle_caller_owned(std::string kind, caller_owned_handler fn) {
+  impl_->handlers.erase(kind);
+  impl_->owned_handlers[std::move(kind)] = std::move(fn);
+}
 void runtime::on_event(event_hook hook) { impl_->hooks.push_back(std::move(hook)); }
 const runtime_config& runtime::config() const noexcept { return impl_->cfg; }
 
@@ -934,7 +1166,7 @@ result<void> runtime::start() {
   std::lock_guard lock(impl_->lifecycle_mu);
   auto& d = *impl_;
   if (d.started) return success();
-  if (d.handlers.empty()) {
+  if (d.handlers.empty() && d.owned_handlers.empty()) {
     spdlog::error("tenure: runtime::start() with no handler registered");
     return errc::invalid_argument;
   }
@@ -1066,7 +1298,12 @@ runtime_metrics runtime::metrics() const {
   r.flush_latency_us_total = m.flush_latency_us_total;
   r.heartbeats = m.heartbeats;
   r.database_errors = m.database_errors;
+  r.reconciliations = m.reconciliations;
+  r.protocol_warnings = m.protocol_warnings;
+  r.capacity_released = m.capacity_released;
   r.in_flight = m.in_flight;
+  r.permits_held = m.permits_held;
+  r.watching = m.watching;
   r.leader = impl_->is_leader();
   return r;
 }
@@ -1097,8 +1334,15 @@ std::string runtime::prometheus_text() const {
   counter("flush_latency_microseconds_total", "Summed latency of answered flushes.", r.flush_latency_us_total);
   counter("heartbeats_total", "Heartbeat statements.", r.heartbeats);
   counter("database_errors_total", "Database calls that failed.", r.database_errors);
+  counter("reconciliations_total", "Durable-evidence reads after a caller-owned exit or an unknown outcome.",
+          r.reconciliations);
+  counter("protocol_warnings_total", "Handler exits contradicted by durable evidence.", r.protocol_warnings);
+  counter("capacity_released_total", "Permits released while the database could not answer for an attempt.",
+          r.capacity_released);
   gauge("flush_max_size", "Largest flush so far.", static_cast<std::int64_t>(r.flush_max_size));
   gauge("in_flight", "Attempts held by this process.", r.in_flight);
+  gauge("permits_held", "Capacity permits held by attempts.", r.permits_held);
+  gauge("watching", "Attempts whose permit was released while still reconciling.", r.watching);
   gauge("leader", "1 when this process runs maintenance.", r.leader ? 1 : 0);
   return out;
 }

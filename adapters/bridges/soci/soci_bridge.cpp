@@ -1,5 +1,7 @@
 #include "tenure/soci.hpp"
 
+#include "tenure/libpq.hpp"
+
 #include <soci/postgresql/soci-postgresql.h>
 
 #include <spdlog/spdlog.h>
@@ -140,6 +142,17 @@ result<std::vector<std::int64_t>> enqueue_batch(soci::session& session, std::spa
     if (ids.size() != jobs.size()) return errc::protocol_error;
     return ids;
   });
+}
+
+result<finalization_receipt> complete_in_tx(soci::session& session, const finalization_token& token,
+                                            const finalize_options& options) {
+  if (session.get_backend() == nullptr || session.get_backend_name() != "postgresql") {
+    spdlog::error("tenure.soci: complete_in_tx needs a connected PostgreSQL session");
+    return errc::invalid_argument;
+  }
+  // The same statement on the same connection SOCI holds, so it joins the caller's transaction.
+  auto* be = static_cast<soci::postgresql_session_backend*>(session.get_backend());
+  return complete_in_tx(be->conn_, token, options);
 }
 
 }  // namespace tenure

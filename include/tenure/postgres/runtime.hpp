@@ -14,11 +14,16 @@ struct runtime_options {
   std::string dsn;
   std::string schema = "tenure";
   int pool_size = 4;  ///< store connections (claims, flushes, heartbeats, maintenance run at once)
+  /// Connections of the pool that handlers' own calls (flush_progress, callbacks) never take, so
+  /// heartbeats, completion flushes and reconciliation always find one. Must be < pool_size;
+  /// runtime.handler_store_calls is capped at pool_size - reserved_connections.
+  int reserved_connections = 2;
   std::string application_name = "tenure";  ///< names every session in pg_stat_activity
   runtime_config runtime;
 };
 
-/// Opens the store (checking the schema version), creates the signal session and the runtime.
+/// Opens the store (checking the schema version), creates the signal session and the runtime
+/// (runtime.sql_schema is set to `schema`).
 /// Call handle() then start() on the result.
 result<std::unique_ptr<runtime>> make_runtime(runtime_options options, std::string* detail = nullptr);
 

@@ -1,0 +1,44 @@
+#include "tenure/pqxx.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include "common/complete_sql.hpp"
+#include "connection.hpp"  // adapters/postgres: SQLSTATE mapping
+
+namespace tenure {
+
+result<finalization_receipt> complete_in_tx(pqxx::transaction_base& tx, const finalization_token& token,
+                                            const finalize_options& options) {
+  TENURE_TRY(auto progress, bridges::prepare(token, options));
+  const std::string sql = bridges::complete_sql(options.schema, progress.has_value());
+  try {
+    const pqxx::result r =
+        progress ? tx.exec_params(sql, token.to_string(), *progress) : tx.exec_params(sql, token.to_string());
+    if (r.size() != 1 || r[0][2].is_null()) return errc::protocol_error;
+    return bridges::receipt_from(token, r[0][0].as<std::int64_t>(), r[0][1].as<std::int64_t>(),
+                                 r[0][2].as<std::int64_t>());
+  } catch (const pqxx::broken_connection& e) {
+    spdlog::warn("tenure: complete_in_tx for job {} lease {}: connection lost ({}); the transaction is gone",
+                 token.job_id(), token.run_lease(), e.what());
+    return errc::database_unavailable;
+  } catch (const pqxx::sql_error& e) {
+    const auto code = postgres::detail::errc_from_sqlstate(e.sqlstate());
+    if (code == errc::stale_attempt) {
+      spdlog::info("tenure: complete_in_tx: job {} lease {} is stale (TN001); the caller's transaction is aborted",
+                   token.job_id(), token.run_lease());
+    } else {
+      spdlog::error("tenure: complete_in_tx for job {} lease {} failed: {}", token.job_id(), token.run_lease(),
+                    e.what());
+    }
+    return code;
+  } catch (const pqxx::usage_error& e) {
+    spdlog::error("tenure: complete_in_tx for job {} lease {}: {}", token.job_id(), token.run_lease(), e.what());
+    return errc::invalid_argument;
+  } catch (const std::exception& e) {
+    spdlog::error("tenure: complete_in_tx for job {} lease {} failed: {}", token.job_id(), token.run_lease(),
+                  e.what());
+    return errc::database_error;
+  }
+}
+
+}  // namespace tenure

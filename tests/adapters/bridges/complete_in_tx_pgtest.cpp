@@ -1,0 +1,370 @@
+// complete_in_tx through each bridge (libpq, SOCI, libpqxx), inside the caller's own transaction:
+// the business row exists if and only if the job completed with that run lease.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <thread>
+#include <optional>
+
+#include <soci/postgresql/soci-postgresql.h>
+
+#include "support/pg.hpp"
+#include "tenure/libpq.hpp"
+#include "tenure/postgres/store.hpp"
+#include "tenure/pqxx.hpp"
+#include "tenure/soci.hpp"
+
+using namespace std::chrono_literals;
+using tenure::errc;
+using tenure::finalization_receipt;
+using tenure::finalization_token;
+using tenure::finalize_options;
+using tenure::result;
+using tenure::test::pg;
+using tenure::test::scoped_schema;
+
+namespace {
+
+/// The caller's side of one transaction, over one bridge.
+class caller_tx {
+ public:
+  virtual ~caller_tx() = default;
+  virtual void begin() = 0;
+  virtual void exec(const std::string& sql) = 0;  ///< throws on error
+  virtual result<finalization_receipt> complete(const finalization_token& t, const finalize_options& o) = 0;
+  virtual bool commit() = 0;  ///< false when the server refused (e.g. the transaction was aborted)
+  virtual void rollback() = 0;
+};
+
+class libpq_tx final : public caller_tx {
+ public:
+  explicit libpq_tx(const std::string& dsn) : db_(dsn) {}
+  void begin() override { db_.exec("BEGIN"); }
+  void exec(const std::string& sql) override { db_.exec(sql); }
+  result<finalization_receipt> complete(const finalization_token& t, const finalize_options& o) override {
+    return tenure::complete_in_tx(db_.native(), t, o);
+  }
+  bool commit() override {
+    // COMMIT of an aborted transaction succeeds with the command tag ROLLBACK.
+    PGresult* r = PQexec(db_.native(), "COMMIT");
+    const bool ok = PQresultStatus(r) == PGRES_COMMAND_OK && std::string{PQcmdStatus(r)} == "COMMIT";
+    PQclear(r);
+    return ok;
+  }
+  void rollback() override { db_.query("ROLLBACK"); }
+  PGconn* native() { return db_.native(); }
+
+ private:
+  pg db_;
+};
+
+class soci_tx final : public caller_tx {
+ public:
+  explicit soci_tx(const std::string& dsn) : session_(soci::postgresql, tenure::test::keyword_dsn(dsn)) {}
+  void begin() override { tx_.emplace(session_); }
+  void exec(const std::string& sql) override { session_ << sql; }
+  result<finalization_receipt> complete(const finalization_token& t, const finalize_options& o) override {
+    return tenure::complete_in_tx(session_, t, o);
+  }
+  bool commit() override {
+    // SOCI's commit does not report that the server rolled back an aborted transaction.
+    auto* be = static_cast<soci::postgresql_session_backend*>(session_.get_backend());
+    const bool aborted = PQtransactionStatus(be->conn_) == PQTRANS_INERROR;
+    try {
+      tx_->commit();
+      return !aborted;
+    } catch (const soci::soci_error&) {
+      return false;
+    }
+  }
+  void rollback() override {
+    if (tx_) tx_->rollback();
+  }
+  soci::session& session() { return session_; }
+
+ private:
+  soci::session session_;
+  std::optional<soci::transaction> tx_;
+};
+
+class pqxx_tx final : public caller_tx {
+ public:
+  explicit pqxx_tx(const std::string& dsn) : conn_(dsn) {}
+  void begin() override { work_ = std::make_unique<pqxx::work>(conn_); }
+  void exec(const std::string& sql) override { work_->exec(sql); }
+  result<finalization_receipt> complete(const finalization_token& t, const finalize_options& o) override {
+    return tenure::complete_in_tx(*work_, t, o);
+  }
+  bool commit() override {
+    try {
+      // pqxx 6 commits an aborted transaction without complaint (the server answers ROLLBACK):
+      // ask the server first; in an aborted transaction any statement fails with 25P02.
+      work_->exec("SELECT 1");
+      work_->commit();
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+  void rollback() override { work_->abort(); }
+
+ private:
+  pqxx::connection conn_;
+  std::unique_ptr<pqxx::work> work_;
+};
+
+enum class bridge { libpq, soci, pqxx };
+
+class complete_in_tx : public ::testing::TestWithParam<bridge> {
+ protected:
+  void SetUp() override {
+    check_.exec("CREATE TABLE " + s("orders") + " (id serial PRIMARY KEY, job_id bigint, run_lease bigint)");
+    std::string why;
+    auto st = tenure::postgres::store::open({.dsn = schema_.dsn(), .schema = schema_.name()}, &why);
+    ASSERT_TRUE(st) << why;
+    store_ = std::move(st).value();
+    opts_.schema = schema_.name();
+  }
+  std::unique_ptr<caller_tx> open_tx() {
+    switch (GetParam()) {
+      case bridge::libpq: return std::make_unique<libpq_tx>(schema_.dsn());
+      case bridge::soci: return std::make_unique<soci_tx>(schema_.dsn());
+      case bridge::pqxx: return std::make_unique<pqxx_tx>(schema_.dsn());
+    }
+    return nullptr;
+  }
+  std::string s(const std::string& n) const { return schema_.name() + "." + n; }
+  /// Enqueues and claims one job; returns the claimed attempt.
+  tenure::claimed_attempt claim_one() {
+    auto id = store_->enqueue({.kind = "charge", .queue = "q"});
+    EXPECT_TRUE(id);
+    auto got = store_->claim("q", 1, "test");
+    EXPECT_TRUE(got && got.value().size() == 1);
+    return got.value().at(0);
+  }
+  std::string insert_order(const tenure::claimed_attempt& c) {
+    return "INSERT INTO " + s("orders") + " (job_id, run_lease) VALUES (" + std::to_string(c.attempt.job_id) + ", " +
+           std::to_string(c.attempt.run_lease) + ")";
+  }
+  long orders() { return std::stol(check_.scalar("SELECT count(*) FROM " + s("orders"))); }
+  std::string job(std::int64_t id) {
+    return check_.scalar("SELECT state || ' ' || run_lease FROM " + s("jobs") + " WHERE id = $1", {std::to_string(id)});
+  }
+
+  scoped_schema schema_{"cit"};
+  pg check_{schema_.dsn()};
+  std::unique_ptr<tenure::postgres::store> store_;
+  finalize_options opts_;
+};
+
+TEST_P(complete_in_tx, commit_makes_the_business_row_and_the_completion_exist_together) {
+  const auto c = claim_one();
+  auto tx = open_tx();
+  tx->begin();
+  tx->exec(insert_order(c));
+  auto receipt = tx->complete(c.token(), opts_);
+  ASSERT_TRUE(receipt) << receipt.error().message();
+  EXPECT_EQ(receipt.value().attempt(), c.attempt);
+  EXPECT_GT(receipt.value().completed_at().time_since_epoch().count(), 0);
+  EXPECT_EQ(job(c.attempt.job_id), "running 1") << "invisible to others before the caller commits";
+  ASSERT_TRUE(tx->commit());
+  EXPECT_EQ(job(c.attempt.job_id), "completed 1");
+  EXPECT_EQ(orders(), 1);
+  auto ev = store_->reconcile(c.attempt);
+  ASSERT_TRUE(ev);
+  EXPECT_EQ(ev.value(), tenure::sdk::attempt_evidence::completed_by_this);
+}
+
+TEST_P(complete_in_tx, rollback_leaves_the_attempt_open_and_no_business_row) {
+  const auto c = claim_one();
+  auto tx = open_tx();
+  tx->begin();
+  tx->exec(insert_order(c));
+  ASSERT_TRUE(tx->complete(c.token(), opts_));
+  tx->rollback();
+  EXPECT_EQ(job(c.attempt.job_id), "running 1");
+  EXPECT_EQ(orders(), 0);
+  EXPECT_EQ(store_->reconcile(c.attempt).value(), tenure::sdk::attempt_evidence::open);
+}
+
+TEST_P(complete_in_tx, stale_after_rescue_aborts_the_callers_business_writes) {
+  const auto c = claim_one();
+  // Rescue wins first: the attempt is closed and the job available again.
+  ASSERT_TRUE(store_->rescue_stale(std::chrono::microseconds{0}));
+  auto tx = open_tx();
+  tx->begin();
+  tx->exec(insert_order(c));
+  auto r = tx->complete(c.token(), opts_);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), errc::stale_attempt);
+  EXPECT_FALSE(tx->commit()) << "the aborted transaction cannot commit";
+  EXPECT_EQ(orders(), 0);
+  EXPECT_EQ(job(c.attempt.job_id), "available 1");
+  // The next claim gets lease 2; the stale token can never finalize it.
+  auto again = store_->claim("q", 1, "test");
+  ASSERT_TRUE(again && again.value().size() == 1);
+  EXPECT_EQ(again.value()[0].attempt.run_lease, 2);
+  auto tx2 = open_tx();
+  tx2->begin();
+  auto late = tx2->complete(c.token(), opts_);
+  ASSERT_FALSE(late);
+  EXPECT_EQ(late.error(), errc::stale_attempt);
+  tx2->rollback();
+  EXPECT_EQ(job(c.attempt.job_id), "running 2");
+}
+
+TEST_P(complete_in_tx, stale_after_cancel_aborts_the_callers_business_writes) {
+  const auto c = claim_one();
+  auto cancelled = store_->cancel_job(c.attempt.job_id);
+  ASSERT_TRUE(cancelled && cancelled.value());
+  auto tx = open_tx();
+  tx->begin();
+  tx->exec(insert_order(c));
+  auto r = tx->complete(c.token(), opts_);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), errc::stale_attempt);
+  EXPECT_FALSE(tx->commit()) << "the aborted transaction cannot commit";
+  EXPECT_EQ(orders(), 0);
+  EXPECT_EQ(job(c.attempt.job_id), "cancelled 1");
+}
+
+TEST_P(complete_in_tx, cancel_waiting_on_the_open_transaction_loses_once_the_caller_commits) {
+  // The caller's transaction holds the attempt's row lock from complete_job to COMMIT: a cancel
+  // racing it waits, then finds the job finished. Exactly one terminal outcome.
+  const auto c = claim_one();
+  auto tx = open_tx();
+  tx->begin();
+  tx->exec(insert_order(c));
+  ASSERT_TRUE(tx->complete(c.token(), opts_));
+  std::optional<result<bool>> cancel_result;
+  std::thread canceller([&] {
+    std::string why;
+    auto other = tenure::postgres::store::open({.dsn = schema_.dsn(), .schema = schema_.name()}, &why);
+    cancel_result = other.value()->cancel_job(c.attempt.job_id);
+  });
+  // The cancel is blocked on the row lock while the caller's transaction is open.
+  ASSERT_TRUE([&] {
+    for (int i = 0; i < 2000; ++i) {
+      if (check_.scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = "
+                        "current_database()") != "0") {
+        return true;
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+    return false;
+  }());
+  ASSERT_TRUE(tx->commit());
+  canceller.join();
+  ASSERT_TRUE(cancel_result && *cancel_result) << "cancel_job errored";
+  EXPECT_FALSE(cancel_result->value()) << "the job was already finished";
+  EXPECT_EQ(job(c.attempt.job_id), "completed 1");
+  EXPECT_EQ(orders(), 1);
+}
+
+TEST_P(complete_in_tx, heartbeated_attempt_with_flushed_progress_completes_like_a_receipt_only_one) {
+  const auto c = claim_one();
+  const std::optional<std::string> progress[1] = {std::string{R"({"percent": 40})"}};
+  auto live = store_->heartbeat(std::span{&c.attempt, 1}, progress);
+  ASSERT_TRUE(live && live.value().size() == 1) << "the lease is now materialized";
+  auto tx = open_tx();
+  tx->begin();
+  tx->exec(insert_order(c));
+  ASSERT_TRUE(tx->complete(c.token(), opts_));
+  ASSERT_TRUE(tx->commit());
+  EXPECT_EQ(job(c.attempt.job_id), "completed 1");
+  EXPECT_EQ(check_.scalar("SELECT progress->>'percent' FROM " + s("jobs") + " WHERE id = $1",
+                          {std::to_string(c.attempt.job_id)}),
+            "40")
+      << "the last flushed progress is kept";
+  EXPECT_EQ(orders(), 1);
+}
+
+TEST_P(complete_in_tx, attempt_that_waited_on_a_resumed_callback_completes_under_the_same_lease) {
+  const auto c = claim_one();
+  auto cb = store_->register_callback(c.attempt, std::chrono::seconds{60});
+  ASSERT_TRUE(cb);
+  auto parked = store_->await_callback(c.attempt, cb.value());
+  ASSERT_TRUE(parked && !parked.value().resumed);
+  EXPECT_EQ(job(c.attempt.job_id), "waiting_external 1");
+  ASSERT_TRUE(store_->resume_callback(cb.value(), R"({"ok": true})").value());
+  auto resumed = store_->await_callback(c.attempt, cb.value());
+  ASSERT_TRUE(resumed && resumed.value().resumed);
+  auto tx = open_tx();
+  tx->begin();
+  tx->exec(insert_order(c));
+  ASSERT_TRUE(tx->complete(c.token(), opts_));
+  ASSERT_TRUE(tx->commit());
+  EXPECT_EQ(job(c.attempt.job_id), "completed 1");
+  EXPECT_EQ(orders(), 1);
+}
+
+TEST_P(complete_in_tx, final_progress_is_stored_with_the_completion) {
+  const auto c = claim_one();
+  auto tx = open_tx();
+  tx->begin();
+  auto o = opts_;
+  o.progress = nlohmann::json{{"percent", 100}, {"message", "charged"}};
+  ASSERT_TRUE(tx->complete(c.token(), o));
+  ASSERT_TRUE(tx->commit());
+  EXPECT_EQ(check_.scalar("SELECT progress->>'message' FROM " + s("jobs") + " WHERE id = $1",
+                          {std::to_string(c.attempt.job_id)}),
+            "charged");
+}
+
+TEST_P(complete_in_tx, unknown_job_token_is_stale_and_a_bad_schema_is_refused_before_sending) {
+  auto tx = open_tx();
+  tx->begin();
+  auto r = tx->complete(finalization_token{{.job_id = 987654, .run_lease = 1}}, opts_);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), errc::stale_attempt);
+  tx->rollback();
+  tx->begin();
+  auto bad = opts_;
+  bad.schema = "x; DROP TABLE y";
+  auto refused = tx->complete(finalization_token{{.job_id = 1, .run_lease = 1}}, bad);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error(), errc::invalid_argument);
+  tx->exec("SELECT 1");  // nothing was sent: the transaction is still usable
+  tx->rollback();
+}
+
+INSTANTIATE_TEST_SUITE_P(bridges, complete_in_tx, ::testing::Values(bridge::libpq, bridge::soci, bridge::pqxx),
+                         [](const auto& info) {
+                           switch (info.param) {
+                             case bridge::libpq: return std::string{"libpq"};
+                             case bridge::soci: return std::string{"soci"};
+                             case bridge::pqxx: return std::string{"pqxx"};
+                           }
+                           return std::string{"unknown"};
+                         });
+
+// Without an open transaction, a completion would commit apart from the business writes.
+TEST(complete_in_tx_guard, libpq_refuses_a_connection_outside_begin) {
+  scoped_schema schema{"cit"};
+  pg db{schema.dsn()};
+  auto r = tenure::complete_in_tx(db.native(), finalization_token{{.job_id = 1, .run_lease = 1}},
+                                  {.schema = schema.name()});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), errc::invalid_argument);
+}
+
+TEST(complete_in_tx_guard, soci_refuses_a_session_outside_a_transaction) {
+  scoped_schema schema{"cit"};
+  soci::session session(soci::postgresql, tenure::test::keyword_dsn(schema.dsn()));
+  auto r = tenure::complete_in_tx(session, finalization_token{{.job_id = 1, .run_lease = 1}}, {.schema = schema.name()});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), errc::invalid_argument);
+}
+
+TEST(complete_in_tx_guard, libpq_refuses_an_aborted_transaction) {
+  scoped_schema schema{"cit"};
+  pg db{schema.dsn()};
+  db.exec("BEGIN");
+  db.query("SELECT 1/0");
+  auto r = tenure::complete_in_tx(db.native(), finalization_token{{.job_id = 1, .run_lease = 1}},
+                                  {.schema = schema.name()});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), errc::invalid_argument);
+}
+
+}  // namespace
