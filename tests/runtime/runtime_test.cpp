@@ -312,5 +312,66 @@ TEST_F(runtime_unit, an_unknown_kind_is_given_back_without_spending_an_attempt) 
   EXPECT_EQ(j.attempt, 0);
 }
 
+// ---- caller-owned exits: reconciliation when the database cannot answer (case 4) ----------
+
+TEST_F(runtime_unit, caller_owned_exit_during_an_outage_releases_the_permit_after_the_budget_and_writes_nothing) {
+  auto id = inner_->enqueue({.kind = "charge", .max_attempts = 1});
+  ASSERT_TRUE(id);
+  auto c = config();
+  c.queues[0].max_concurrency = 1;
+  c.reconcile_budget = 100ms;
+  auto rt = make(c);
+  rt->handle_caller_owned("charge", [&](caller_owned_context& ctx) -> result<finalization_receipt> {
+    faulty_->lose_connection();  // the database goes away as the handler exits
+    ctx.note_failure("provider unreachable");
+    return make_error_code(errc::database_unavailable);
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return rt->metrics().watching == 1; }));
+  auto m = rt->metrics();
+  EXPECT_EQ(m.permits_held, 0) << "the heavy capacity is released";
+  EXPECT_EQ(m.in_flight, 1) << "the light watcher still holds the attempt";
+  EXPECT_EQ(m.capacity_released, 1u);
+  EXPECT_GE(faulty_->calls(op::reconcile), 2) << "still reconciling";
+  EXPECT_EQ(faulty_->calls(op::fail) + faulty_->calls(op::complete), 0) << "no write without evidence";
+  EXPECT_EQ(state(id.value()), job_state::running) << "the attempt is still open";
+  faulty_->restore_connection();
+  ASSERT_TRUE(eventually([&] { return rt->wait_idle(10ms); }));
+  EXPECT_EQ(faulty_->forwarded(op::fail), 1) << "resolved exactly once, by the retry policy";
+  EXPECT_EQ(state(id.value()), job_state::failed) << "max_attempts 1: the policy fails it";
+  EXPECT_EQ(inner_->read_job(id.value()).value().last_error, "provider unreachable");
+  EXPECT_EQ(rt->metrics().watching, 0);
+  rt->stop();
+}
+
+TEST_F(runtime_unit, a_released_permit_lets_other_jobs_run_while_the_watcher_keeps_reconciling) {
+  const auto slow = enqueue("charge");
+  auto c = config();
+  c.queues[0].max_concurrency = 1;
+  c.reconcile_budget = 50ms;
+  auto rt = make(c);
+  std::atomic<int> plain{0};
+  rt->handle_caller_owned("charge", [&](caller_owned_context&) -> result<finalization_receipt> {
+    return make_error_code(errc::database_unavailable);
+  });
+  rt->handle("plain", [&](job_context&) {
+    ++plain;
+    return job_outcome::completed();
+  });
+  // Evidence cannot be read for a while (five failures, backing off 50 ms .. 800 ms).
+  for (int n = 1; n <= 5; ++n) faulty_->fail_nth(op::reconcile, n, errc::database_unavailable);
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return rt->metrics().watching == 1; }));
+  const auto other = enqueue("plain");
+  ASSERT_TRUE(eventually([&] { return state(other) == job_state::completed; }))
+      << "the released permit runs the next job";
+  EXPECT_EQ(state(slow), job_state::running) << "still unresolved: no evidence yet";
+  EXPECT_EQ(faulty_->calls(op::fail), 0);
+  ASSERT_TRUE(eventually([&] { return state(slow) == job_state::retryable; }));
+  EXPECT_EQ(faulty_->forwarded(op::reconcile), 1) << "the sixth read answered";
+  EXPECT_EQ(plain.load(), 1);
+  rt->stop();
+}
+
 }  // namespace
 }  // namespace tenure
