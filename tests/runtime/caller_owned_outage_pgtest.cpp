@@ -62,6 +62,7 @@ TEST(caller_owned_outage, permit_is_released_after_the_budget_without_any_write_
   cfg.heartbeat_interval = 200ms;
   cfg.poll_interval = 100ms;
   cfg.maintenance_interval = 100ms;
+  cfg.staleness = 10s;  // the rescue deadline is far: the budget decides
   cfg.reconcile_budget = 300ms;
   cfg.sql_schema = schema.name();
   auto made = runtime::create(cfg, counted, postgres::make_signal_port(schema.dsn(), schema.name()), &why);

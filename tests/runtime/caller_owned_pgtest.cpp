@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "runtime/runtime_fixture.hpp"
+#include "support/fault_proxy.hpp"
 #include "tenure/libpq.hpp"
 
 namespace tenure::test {
@@ -134,6 +135,49 @@ TEST_F(caller_owned, receipt_without_a_durable_completion_is_a_protocol_error_an
   EXPECT_EQ(orders(), 1);
   EXPECT_EQ(rt->metrics().protocol_warnings, 1u);
   EXPECT_EQ(rt->metrics().retried, 1u);
+}
+
+TEST_F(caller_owned, lost_commit_acknowledgement_reconciles_to_completed_once_with_one_protocol_warning) {
+  // The caller's connection goes through a loopback proxy that forwards COMMIT, waits for the
+  // server's reply, drops it and resets the connection: the server committed, the handler saw
+  // an error. Reconciliation must find case 1: completed once, no retry, one protocol warning.
+  fault_proxy proxy{schema_.dsn()};
+  auto rt = make();
+  std::atomic<int> runs{0};
+  std::atomic<bool> commit_failed{false};
+  rt->handle_caller_owned("charge", [&](caller_owned_context& ctx) -> result<finalization_receipt> {
+    ++runs;
+    std::unique_ptr<PGconn, decltype(&PQfinish)> conn{PQconnectdb(proxy.dsn(schema_.dsn()).c_str()), &PQfinish};
+    if (PQstatus(conn.get()) != CONNECTION_OK) return make_error_code(errc::database_unavailable);
+    auto run = [&](const std::string& sql) {
+      std::unique_ptr<PGresult, decltype(&PQclear)> r{PQexec(conn.get(), sql.c_str()), &PQclear};
+      return PQresultStatus(r.get()) == PGRES_COMMAND_OK || PQresultStatus(r.get()) == PGRES_TUPLES_OK;
+    };
+    run("BEGIN");
+    run("INSERT INTO " + s("orders") + " VALUES (" + std::to_string(ctx.job_id()) + ", " +
+        std::to_string(ctx.run_lease()) + ")");
+    auto receipt = ctx.complete_in_tx(conn.get());
+    if (!receipt) return receipt.error();
+    proxy.arm_drop_commit_reply();
+    if (run("COMMIT")) return receipt;
+    commit_failed = true;  // what the application sees: the connection broke during COMMIT
+    ctx.note_failure("COMMIT failed: " + std::string{PQerrorMessage(conn.get())});
+    return make_error_code(errc::commit_in_doubt);
+  });
+  ASSERT_TRUE(rt->start());
+  const auto id = enqueue("charge");
+  ASSERT_TRUE(finished(id));
+  ASSERT_TRUE(rt->wait_idle(5s));
+  EXPECT_EQ(proxy.fired(), 1);
+  EXPECT_TRUE(commit_failed.load()) << "the handler saw an error";
+  EXPECT_EQ(job(id), "completed 1 1") << "the server committed: completed once";
+  EXPECT_EQ(orders(), 1);
+  EXPECT_EQ(runs.load(), 1) << "no retry";
+  const auto m = rt->metrics();
+  EXPECT_EQ(m.protocol_warnings, 1u);
+  EXPECT_EQ(m.retried, 0u);
+  EXPECT_EQ(m.completed, 1u);
+  EXPECT_EQ(m.stale_rejected, 0u);
 }
 
 TEST_F(caller_owned, invalid_argument_error_fails_the_job_for_good) {
