@@ -14,6 +14,7 @@
 #include <poll.h>
 
 #include "cli/pg_session.hpp"
+#include "tenure/libpq.hpp"
 #include "tenure/postgres/runtime.hpp"
 #include "tenure/postgres/schema.hpp"
 #include "tenure/postgres/store.hpp"
@@ -81,14 +82,15 @@ std::shared_ptr<postgres::store> open_store(const std::string& dsn, const std::s
   return std::shared_ptr<postgres::store>(std::move(st).value());
 }
 
-/// Enqueues `n` no-op jobs in batches of one statement each; returns jobs per second.
-double enqueue_batches(const std::string& dsn, const std::string& schema, int n) {
+/// Enqueues `n` jobs of `kind` (no-op by default) in batches of one statement each; returns
+/// jobs per second.
+double enqueue_batches(const std::string& dsn, const std::string& schema, int n, const std::string& kind = "noop") {
   auto store = open_store(dsn, schema, 1);
   const auto t0 = clock::now();
   std::vector<new_job> chunk;
   for (int done = 0; done < n;) {
     const int k = std::min(5'000, n - done);
-    chunk.assign(static_cast<std::size_t>(k), new_job{.kind = "noop", .queue = k_queue});
+    chunk.assign(static_cast<std::size_t>(k), new_job{.kind = kind, .queue = k_queue});
     auto ids = store->enqueue_batch(chunk);
     if (!ids) throw std::runtime_error("bench: enqueue failed: " + ids.error().message());
     done += k;
@@ -385,6 +387,118 @@ nlohmann::json run_enqueue_single(const options& o, const std::string& schema) {
           {"peak_rss_mb", std::round(peak_rss_mb() * 10) / 10}};
 }
 
+/// One libpq connection per handler thread, for the caller's own transactions.
+class thread_conn {
+ public:
+  ~thread_conn() {
+    if (conn_) PQfinish(conn_);
+  }
+  PGconn* get(const std::string& dsn) {
+    if (conn_ && PQstatus(conn_) != CONNECTION_OK) {
+      PQfinish(conn_);
+      conn_ = nullptr;
+    }
+    if (!conn_) conn_ = PQconnectdb(dsn.c_str());
+    return PQstatus(conn_) == CONNECTION_OK ? conn_ : nullptr;
+  }
+
+ private:
+  PGconn* conn_ = nullptr;
+};
+
+bool exec_ok(PGconn* c, const std::string& sql) {
+  PGresult* r = PQexec(c, sql.c_str());
+  const bool ok = PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK;
+  PQclear(r);
+  return ok;
+}
+
+/// Caller-owned finalization next to the batched path, in one run: the same N jobs drained (a)
+/// by an ordinary no-op handler whose completions the runtime batches, and (b) by a caller-owned
+/// handler that, per job, opens its own transaction, writes one business row, calls
+/// complete_in_tx and commits (one commit per job, by design).
+nlohmann::json run_caller_owned(const options& o, const std::string& schema) {
+  pg_session admin(o.dsn);
+  admin.query("CREATE TABLE " + schema + ".bench_orders (job_id bigint, run_lease bigint)", {}, "bench: setup");
+
+  // (a) the batched path
+  enqueue_batches(o.dsn, schema, o.jobs);
+  settle();
+  auto before = read_counters(admin);
+  double batched_s = 0;
+  {
+    auto rt = make_runtime(o.dsn, schema, drain_config());
+    rt->handle("noop", [](job_context&) { return job_outcome::completed(); });
+    const auto t0 = clock::now();
+    if (!rt->start()) throw std::runtime_error("bench: runtime did not start");
+    wait_for([&] { return rt->metrics().completed >= static_cast<std::uint64_t>(o.jobs); }, 600s, "the batched drain");
+    batched_s = seconds_since(t0);
+    rt->stop();
+  }
+  settle();
+  auto after = read_counters(admin);
+  const double batched_wal = (after.wal_bytes - before.wal_bytes) / o.jobs;
+  const double batched_commits = (after.commits - before.commits) / o.jobs;
+
+  // (b) caller-owned: one business insert + complete_in_tx + COMMIT per job
+  enqueue_batches(o.dsn, schema, o.jobs, "charge");
+  settle();
+  before = read_counters(admin);
+  double owned_s = 0;
+  std::atomic<long> failures{0};
+  {
+    auto cfg = drain_config();
+    cfg.handler_threads = o.producers;
+    cfg.queues[0].max_concurrency = o.producers * 2;
+    auto rt = make_runtime(o.dsn, schema, cfg);
+    const std::string insert = "INSERT INTO " + schema + ".bench_orders VALUES ($1, $2)";
+    rt->handle_caller_owned("charge", [&](caller_owned_context& ctx) -> result<finalization_receipt> {
+      thread_local thread_conn own;
+      PGconn* c = own.get(o.dsn);
+      if (!c) return make_error_code(errc::database_unavailable);
+      const std::string job = std::to_string(ctx.job_id()), lease = std::to_string(ctx.run_lease());
+      const char* params[2] = {job.c_str(), lease.c_str()};
+      exec_ok(c, "BEGIN");
+      PGresult* r = PQexecParams(c, insert.c_str(), 2, nullptr, params, nullptr, nullptr, 0);
+      const bool inserted = PQresultStatus(r) == PGRES_COMMAND_OK;
+      PQclear(r);
+      auto receipt = inserted ? ctx.complete_in_tx(c) : result<finalization_receipt>{errc::database_error};
+      if (!receipt || !exec_ok(c, "COMMIT")) {
+        exec_ok(c, "ROLLBACK");
+        ++failures;
+        return receipt ? result<finalization_receipt>{errc::commit_in_doubt} : receipt;
+      }
+      return receipt;
+    });
+    const auto t0 = clock::now();
+    if (!rt->start()) throw std::runtime_error("bench: runtime did not start");
+    wait_for([&] { return rt->metrics().completed >= static_cast<std::uint64_t>(o.jobs); }, 600s,
+             "the caller-owned drain");
+    owned_s = seconds_since(t0);
+    rt->stop();
+  }
+  settle();
+  after = read_counters(admin);
+  const double owned_wal = (after.wal_bytes - before.wal_bytes) / o.jobs;
+  const double owned_commits = (after.commits - before.commits) / o.jobs;
+  auto rows = admin.query("SELECT count(*) FROM " + schema + ".bench_orders", {}, "bench: check");
+  if (std::stol(*rows.at(0).at(0)) != o.jobs) throw std::runtime_error("bench: business rows != jobs");
+
+  auto round2 = [](double v) { return std::round(v * 100) / 100; };
+  return {{"scenario", "caller-owned"},
+          {"jobs", o.jobs},
+          {"handler_threads", o.producers},
+          {"batched_drain_jobs_per_s", std::round(o.jobs / batched_s)},
+          {"caller_owned_drain_jobs_per_s", std::round(o.jobs / owned_s)},
+          {"caller_owned_vs_batched", round2(batched_s / owned_s)},
+          {"batched_wal_bytes_per_job", std::round(batched_wal)},
+          {"caller_owned_wal_bytes_per_job", std::round(owned_wal)},
+          {"batched_commits_per_job", round2(batched_commits)},
+          {"caller_owned_commits_per_job", round2(owned_commits)},
+          {"caller_owned_handler_failures", failures.load()},
+          {"peak_rss_mb", std::round(peak_rss_mb() * 10) / 10}};
+}
+
 }  // namespace
 
 nlohmann::json run(const options& o) {
@@ -402,8 +516,11 @@ nlohmann::json run(const options& o) {
       result = run_sql_limit(o, schema);
     } else if (o.mode == "enqueue-single") {
       result = run_enqueue_single(o, schema);
+    } else if (o.mode == "caller-owned") {
+      result = run_caller_owned(o, schema);
     } else {
-      throw std::runtime_error("bench: unknown mode '" + o.mode + "' (runtime, sql-limit, enqueue-single)");
+      throw std::runtime_error("bench: unknown mode '" + o.mode +
+                               "' (runtime, sql-limit, enqueue-single, caller-owned)");
     }
   } catch (...) {
     if (!o.keep_schema) {

@@ -10,9 +10,9 @@ namespace tenure::bench {
 
 struct options {
   std::string dsn;               ///< the database (a fresh schema is created in it and dropped)
-  std::string mode = "runtime";  ///< runtime | sql-limit | enqueue-single
+  std::string mode = "runtime";  ///< runtime | sql-limit | enqueue-single | caller-owned
   int jobs = 20'000;             ///< jobs to drain (runtime, sql-limit)
-  int producers = 16;            ///< enqueue-single: concurrent producer connections
+  int producers = 16;  ///< enqueue-single: producer connections; caller-owned: handler threads
   double seconds = 5.0;          ///< enqueue-single: how long the producers run
   int pickup_samples = 200;      ///< runtime: low-load pickup latency samples
   int workers = 4;               ///< sql-limit: concurrent claim/complete connections

@@ -1,4 +1,4 @@
-// tenure bench [--jobs N] [--mode runtime|sql-limit|enqueue-single] [--producers P] [--seconds S]
+// tenure bench [--jobs N] [--mode runtime|sql-limit|enqueue-single|caller-owned] [--producers P] [--seconds S]
 // Runs an end-to-end scenario on the database (a fresh schema, dropped afterwards) and prints
 // one JSON line. Without --database-url / DATABASE_URL it starts the project's private
 // PostgreSQL (scripts/pg) when run from a source tree.
@@ -32,11 +32,12 @@ std::string private_dsn() {
 void register_bench(CLI::App& app, context& ctx) {
   auto opts = std::make_shared<bench::options>();
   auto* cmd = app.add_subcommand("bench", "Measure throughput and latency on a real database (one JSON line)");
-  cmd->add_option("--mode", opts->mode, "runtime | sql-limit | enqueue-single")
-      ->check(CLI::IsMember({"runtime", "sql-limit", "enqueue-single"}))
+  cmd->add_option("--mode", opts->mode, "runtime | sql-limit | enqueue-single | caller-owned")
+      ->check(CLI::IsMember({"runtime", "sql-limit", "enqueue-single", "caller-owned"}))
       ->capture_default_str();
   cmd->add_option("--jobs", opts->jobs, "Jobs to drain")->check(CLI::Range(1, 100'000'000))->capture_default_str();
-  cmd->add_option("--producers", opts->producers, "enqueue-single: producer connections")
+  cmd->add_option("--producers", opts->producers,
+                  "enqueue-single: producer connections; caller-owned: handler threads (own connections)")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
   cmd->add_option("--seconds", opts->seconds, "enqueue-single: how long producers run")
