@@ -188,6 +188,17 @@ class storage_port {
   virtual result<std::int64_t> promote_due() = 0;
   /// Reads durable evidence about one attempt (never writes).
   virtual result<attempt_evidence> reconcile(attempt_id attempt) = 0;
+  /// The same for many attempts in one set-based statement; one answer per input, same order.
+  /// This default asks one at a time (fine for fakes).
+  virtual result<std::vector<attempt_evidence>> reconcile(std::span<const attempt_id> attempts) {
+    std::vector<attempt_evidence> out;
+    out.reserve(attempts.size());
+    for (const auto& a : attempts) {
+      TENURE_TRY(auto e, reconcile(a));
+      out.push_back(e);
+    }
+    return out;
+  }
   /// Creates or replaces a queue's settings. errc::invalid_argument for a bad value.
   virtual result<void> configure_queue(std::string_view queue, const queue_settings& settings) = 0;
 };

@@ -60,6 +60,9 @@ struct statements {
                "SELECT job_id, run_lease, queue, new_state FROM " + s + ".rescue_attempts($1::interval)"},
         promote{"tenure_promote", "SELECT " + s + ".promote_due(NULL, 10000)"},
         evidence{"tenure_evidence", "SELECT " + s + ".attempt_evidence($1::bigint, $2::bigint)"},
+        evidence_batch{"tenure_evidence_batch",
+                       "SELECT " + s + ".attempt_evidence(a.job_id, a.run_lease) FROM unnest($1::bigint[], "
+                       "$2::bigint[]) WITH ORDINALITY AS a(job_id, run_lease, ord) ORDER BY a.ord"},
         version{"tenure_schema_version", "SELECT coalesce(max(version), 0) FROM " + s + ".schema_version"},
         configure_queue{"tenure_configure_queue",
                         "INSERT INTO " + s +
@@ -71,7 +74,7 @@ struct statements {
 
   statement enqueue, enqueue_batch, claim, heartbeat, complete, fail, snooze, cancel_attempt, checkpoint, register_callback,
       await_callback, resume_callback, extend_callback, complete_callback, fail_callback, cancel_job,
-      retry_job, read_job, rescue, promote, evidence, version, configure_queue;
+      retry_job, read_job, rescue, promote, evidence, evidence_batch, version, configure_queue;
 };
 
 param text(std::string_view s) { return std::string{s}; }
@@ -463,15 +466,39 @@ result<std::int64_t> store::promote_due() {
   return rows.int64(0, 0);
 }
 
-result<sdk::attempt_evidence> store::reconcile(attempt_id attempt) {
-  TENURE_TRY(auto rows, impl_->run(impl_->st.evidence,
-                                   {number(attempt.job_id), number(attempt.run_lease)}, effect::read));
-  const auto e = rows.text(0, 0);
+namespace {
+result<sdk::attempt_evidence> evidence_from(std::string_view e) {
   if (e == "open") return sdk::attempt_evidence::open;
   if (e == "completed") return sdk::attempt_evidence::completed_by_this;
   if (e == "closed_by_other") return sdk::attempt_evidence::closed_by_other;
   if (e == "unknown_job") return sdk::attempt_evidence::unknown_job;
   return errc::protocol_error;
+}
+}  // namespace
+
+result<sdk::attempt_evidence> store::reconcile(attempt_id attempt) {
+  TENURE_TRY(auto rows, impl_->run(impl_->st.evidence,
+                                   {number(attempt.job_id), number(attempt.run_lease)}, effect::read));
+  return evidence_from(rows.text(0, 0));
+}
+
+result<std::vector<sdk::attempt_evidence>> store::reconcile(std::span<const attempt_id> attempts) {
+  std::vector<sdk::attempt_evidence> out;
+  if (attempts.empty()) return out;
+  std::vector<std::int64_t> ids, leases;
+  for (const auto& a : attempts) {
+    ids.push_back(a.job_id);
+    leases.push_back(a.run_lease);
+  }
+  TENURE_TRY(auto rows, impl_->run(impl_->st.evidence_batch, {detail::int_array(ids), detail::int_array(leases)},
+                                   effect::read));
+  if (rows.size() != static_cast<int>(attempts.size())) return errc::protocol_error;
+  out.reserve(attempts.size());
+  for (int i = 0; i < rows.size(); ++i) {
+    TENURE_TRY(auto e, evidence_from(rows.text(i, 0)));
+    out.push_back(e);
+  }
+  return out;
 }
 
 result<void> store::configure_queue(std::string_view queue, const sdk::queue_settings& s) {

@@ -94,6 +94,7 @@ class faulty_store final : public sdk::storage_port {
   result<std::vector<sdk::rescued_attempt>> rescue_stale(sdk::microseconds stale_after) override;
   result<std::int64_t> promote_due() override;
   result<sdk::attempt_evidence> reconcile(attempt_id attempt) override;
+  using sdk::storage_port::reconcile;  // the batch form asks one at a time: each call counts
   result<void> configure_queue(std::string_view queue,
                                const sdk::queue_settings& settings) override;
 

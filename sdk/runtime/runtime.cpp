@@ -233,7 +233,7 @@ struct atomic_metrics {
   std::atomic<std::uint64_t> claimed{0}, completed{0}, stale_rejected{0}, retried{0}, failed{0},
       cancelled{0}, snoozed{0}, rescued{0}, claims{0}, flushes{0}, flushed_items{0}, flush_failures{0},
       flush_max_size{0}, flush_latency_us_total{0}, heartbeats{0}, database_errors{0}, reconciliations{0},
-      protocol_warnings{0}, capacity_released{0};
+      protocol_warnings{0}, capacity_released{0}, reconcile_reads{0};
   std::atomic<std::int64_t> in_flight{0}, permits_held{0}, watching{0};
 };
 
@@ -272,6 +272,11 @@ struct runtime::impl {
     entry_ptr entry;
     std::optional<std::string> progress;
   };
+  struct caller_exit;
+  struct pending_reconcile {
+    entry_ptr entry;
+    std::shared_ptr<caller_exit> exit;
+  };
 
   impl(runtime_config c, std::shared_ptr<sdk::storage_port> s, std::shared_ptr<sdk::signal_port> sig)
       : cfg(std::move(c)),
@@ -279,6 +284,7 @@ struct runtime::impl {
         signals(std::move(sig)),
         db(4),
         flush_timer(ctl),
+        reconcile_timer(ctl),
         heartbeat_timer(ctl),
         maintenance_timer(ctl) {
     for (const auto& q : cfg.queues) {
@@ -310,6 +316,11 @@ struct runtime::impl {
   std::map<attempt_id, entry_ptr> in_flight;
   std::deque<pending_completion> pending;
   asio::steady_timer flush_timer;
+  std::deque<pending_reconcile> to_reconcile;  ///< caller-owned exits waiting for their evidence
+  asio::steady_timer reconcile_timer;
+  bool reconciling = false;
+  bool reconcile_timer_armed = false;
+  milliseconds reconcile_backoff{0};
   asio::steady_timer heartbeat_timer;
   asio::steady_timer maintenance_timer;
   bool flushing = false;
@@ -543,72 +554,125 @@ struct runtime::impl {
       release(entry);
       return;
     }
-    reconcile_caller(entry, std::make_shared<caller_exit>(std::move(exit)), milliseconds{0});
+    reconcile_caller(entry, std::make_shared<caller_exit>(std::move(exit)));
   }
 
-  /// Reads the attempt's durable evidence and acts on it (DESIGN.md section 6, cases 1-4).
-  void reconcile_caller(const entry_ptr& entry, std::shared_ptr<caller_exit> exit, milliseconds backoff) {
+  /// Queues the attempt for reconciliation: its durable evidence is read (with others, in one
+  /// set-based statement) and acted on (DESIGN.md section 6, cases 1-4).
+  void reconcile_caller(const entry_ptr& entry, std::shared_ptr<caller_exit> exit) {
+    to_reconcile.push_back({entry, std::move(exit)});
+    maybe_reconcile();
+  }
+
+  void maybe_reconcile() {
+    if (reconciling || to_reconcile.empty()) return;
+    if (static_cast<int>(to_reconcile.size()) >= cfg.completion_batch || stopping) {
+      reconcile_timer.cancel();
+      reconcile_timer_armed = false;
+      run_reconcile();
+      return;
+    }
+    if (!reconcile_timer_armed) {
+      reconcile_timer_armed = true;
+      reconcile_timer.expires_after(cfg.flush_delay);
+      reconcile_timer.async_wait([this](const boost::system::error_code& ec) {
+        if (ec) return;
+        reconcile_timer_armed = false;
+        if (!reconciling) run_reconcile();
+      });
+    }
+  }
+
+  void run_reconcile() {
+    if (reconciling || to_reconcile.empty()) return;
+    reconciling = true;
+    const auto n = std::min<std::size_t>(to_reconcile.size(), static_cast<std::size_t>(cfg.completion_batch));
+    std::vector<pending_reconcile> batch(std::make_move_iterator(to_reconcile.begin()),
+                                         std::make_move_iterator(to_reconcile.begin() + static_cast<long>(n)));
+    to_reconcile.erase(to_reconcile.begin(), to_reconcile.begin() + static_cast<long>(n));
+    std::vector<attempt_id> ids;
+    ids.reserve(n);
+    for (const auto& p : batch) ids.push_back(p.entry->claim.attempt);
     ++outstanding_ops;
-    m.reconciliations.fetch_add(1, std::memory_order_relaxed);
-    on_db([this, a = entry->claim.attempt] { return store->reconcile(a); },
-          [this, entry, exit, backoff](result<sdk::attempt_evidence> r) {
+    m.reconciliations.fetch_add(n, std::memory_order_relaxed);
+    m.reconcile_reads.fetch_add(1, std::memory_order_relaxed);
+    on_db([this, ids = std::move(ids)] { return store->reconcile(std::span<const attempt_id>{ids}); },
+          [this, batch = std::move(batch)](result<std::vector<sdk::attempt_evidence>> r) mutable {
             --outstanding_ops;
-            const auto& c = entry->claim;
-            if (!r) {
-              // Case 4: no evidence, so nothing is written. Keep asking; past the budget the
-              // permit goes back to the queue and this loop becomes the light watcher.
+            reconciling = false;
+            if (!r || r.value().size() != batch.size()) {
+              // Case 4: no evidence, so nothing is written. Keep asking with backoff; past the
+              // budget each attempt's permit goes back to its queue (the light watcher).
+              const auto why = r ? std::string{"answer of the wrong size"} : r.error().message();
               m.database_errors.fetch_add(1, std::memory_order_relaxed);
-              note_trouble(entry);
+              reconcile_backoff = next_backoff(reconcile_backoff);
+              std::string jobs;
+              for (std::size_t i = 0; i < batch.size() && i < 5; ++i) {
+                const auto& a = batch[i].entry->claim.attempt;
+                jobs += (i ? ", " : "") + std::to_string(a.job_id) + "/" + std::to_string(a.run_lease);
+              }
+              if (batch.size() > 5) jobs += ", ...";
+              for (auto& p : batch) note_trouble(p.entry);
               if (abandoning) {
-                spdlog::error("tenure: job {} lease {} queue {}: no evidence before shutdown ({}); the attempt is "
-                              "settled by its own transaction or by rescue",
-                              c.attempt.job_id, c.attempt.run_lease, c.queue, r.error().message());
-                release(entry);
+                spdlog::error("tenure: no evidence before shutdown for {} attempt(s) (job/lease {}): {}; they are "
+                              "settled by their own transactions or by rescue",
+                              batch.size(), jobs, why);
+                for (auto& p : batch) release(p.entry);
                 return;
               }
-              const auto next = next_backoff(backoff);
-              spdlog::warn("tenure: reconciling job {} lease {} queue {} failed ({}); retrying in {} ms", c.attempt.job_id,
-                           c.attempt.run_lease, c.queue, r.error().message(), next.count());
-              retry_later(next, [this, entry, exit, next] { reconcile_caller(entry, exit, next); });
+              spdlog::warn("tenure: reconciling {} attempt(s) (job/lease {}) failed ({}); retrying in {} ms", batch.size(),
+                           jobs, why, reconcile_backoff.count());
+              for (auto it = batch.rbegin(); it != batch.rend(); ++it) to_reconcile.push_front(std::move(*it));
+              reconciling = true;  // hold further reads until the retry
+              retry_later(reconcile_backoff, [this] {
+                reconciling = false;
+                run_reconcile();
+              });
               return;
             }
-            entry->trouble_since.reset();
-            switch (r.value()) {
-              case sdk::attempt_evidence::completed_by_this:
-                // Case 1: durable state wins, whatever the handler said.
-                if (exit->what != caller_exit::how::receipt) {
-                  m.protocol_warnings.fetch_add(1, std::memory_order_relaxed);
-                  spdlog::warn("tenure: protocol: job {} lease {} queue {} is durably completed by this attempt but "
-                               "its handler {} ({}); accepting the completion",
-                               c.attempt.job_id, c.attempt.run_lease, c.queue, to_text(exit->what), exit->message);
-                }
-                m.completed.fetch_add(1, std::memory_order_relaxed);
-                emit(lifecycle_event::completed, c);
-                release(entry);
-                return;
-              case sdk::attempt_evidence::open: {
-                // Case 2: rolled back or never finalized: the ordinary retry / fail policy.
-                job_outcome outcome = job_outcome::retry(exit->message);
-                if (exit->what == caller_exit::how::receipt) {
-                  m.protocol_warnings.fetch_add(1, std::memory_order_relaxed);
-                  spdlog::error("tenure: protocol: job {} lease {} queue {}: the handler returned a receipt but the "
-                                "attempt is still open (its transaction did not commit){}; retrying it",
-                                c.attempt.job_id, c.attempt.run_lease, c.queue,
-                                exit->message.empty() ? "" : ", " + exit->message);
-                  outcome = job_outcome::retry("protocol error: receipt without a durable completion");
-                } else if (exit->what == caller_exit::how::error && exit->code == errc::invalid_argument) {
-                  outcome = job_outcome::fail(exit->message);
-                }
-                apply_outcome(entry, std::move(outcome), milliseconds{0});
-                return;
-              }
-              case sdk::attempt_evidence::closed_by_other:
-              case sdk::attempt_evidence::unknown_job:
-                // Case 3: rescued, cancelled or re-claimed: stale, change nothing.
-                discard_stale(entry);
-                return;
-            }
+            reconcile_backoff = milliseconds{0};
+            for (std::size_t i = 0; i < batch.size(); ++i) on_evidence(batch[i].entry, *batch[i].exit, r.value()[i]);
+            maybe_reconcile();
           });
+  }
+
+  void on_evidence(const entry_ptr& entry, const caller_exit& exit, sdk::attempt_evidence evidence) {
+    const auto& c = entry->claim;
+    entry->trouble_since.reset();
+    switch (evidence) {
+      case sdk::attempt_evidence::completed_by_this:
+        // Case 1: durable state wins, whatever the handler said.
+        if (exit.what != caller_exit::how::receipt) {
+          m.protocol_warnings.fetch_add(1, std::memory_order_relaxed);
+          spdlog::warn("tenure: protocol: job {} lease {} queue {} is durably completed by this attempt but its "
+                       "handler {} ({}); accepting the completion",
+                       c.attempt.job_id, c.attempt.run_lease, c.queue, to_text(exit.what), exit.message);
+        }
+        m.completed.fetch_add(1, std::memory_order_relaxed);
+        emit(lifecycle_event::completed, c);
+        release(entry);
+        return;
+      case sdk::attempt_evidence::open: {
+        // Case 2: rolled back or never finalized: the ordinary retry / fail policy.
+        job_outcome outcome = job_outcome::retry(exit.message);
+        if (exit.what == caller_exit::how::receipt) {
+          m.protocol_warnings.fetch_add(1, std::memory_order_relaxed);
+          spdlog::error("tenure: protocol: job {} lease {} queue {}: the handler returned a receipt but the attempt "
+                        "is still open (its transaction did not commit){}; retrying it",
+                        c.attempt.job_id, c.attempt.run_lease, c.queue, exit.message.empty() ? "" : ", " + exit.message);
+          outcome = job_outcome::retry("protocol error: receipt without a durable completion");
+        } else if (exit.what == caller_exit::how::error && exit.code == errc::invalid_argument) {
+          outcome = job_outcome::fail(exit.message);
+        }
+        apply_outcome(entry, std::move(outcome), milliseconds{0});
+        return;
+      }
+      case sdk::attempt_evidence::closed_by_other:
+      case sdk::attempt_evidence::unknown_job:
+        // Case 3: rescued, cancelled or re-claimed: stale, change nothing.
+        discard_stale(entry);
+        return;
+    }
   }
 
   /// Runs `fn` on the control thread after `d`, counted as outstanding work.
@@ -1087,7 +1151,9 @@ struct runtime::impl {
 
   // ---- idle / shutdown ----
 
-  bool idle_now() const { return in_flight.empty() && pending.empty() && !flushing && outstanding_ops == 0; }
+  bool idle_now() const {
+    return in_flight.empty() && pending.empty() && !flushing && to_reconcile.empty() && outstanding_ops == 0;
+  }
 
   void check_idle() {
     if (idle_waiters.empty() || !idle_now()) return;
@@ -1247,7 +1313,8 @@ void runtime::stop() noexcept {
       auto f = p->get_future();
       d.on_ctl([&d, p] {
         d.maybe_flush();
-        p->set_value(d.pending.empty() && !d.flushing && d.outstanding_ops == 0);
+        d.maybe_reconcile();
+        p->set_value(d.pending.empty() && !d.flushing && d.to_reconcile.empty() && d.outstanding_ops == 0);
       });
       if (f.get()) break;
       if (steady_clock::now() >= flush_deadline) {
@@ -1265,6 +1332,7 @@ void runtime::stop() noexcept {
           d.heartbeat_timer.cancel();
           d.maintenance_timer.cancel();
           d.flush_timer.cancel();
+          d.reconcile_timer.cancel();
           done();
         },
         milliseconds{60'000});
@@ -1299,6 +1367,7 @@ runtime_metrics runtime::metrics() const {
   r.heartbeats = m.heartbeats;
   r.database_errors = m.database_errors;
   r.reconciliations = m.reconciliations;
+  r.reconcile_reads = m.reconcile_reads;
   r.protocol_warnings = m.protocol_warnings;
   r.capacity_released = m.capacity_released;
   r.in_flight = m.in_flight;
@@ -1336,6 +1405,7 @@ std::string runtime::prometheus_text() const {
   counter("database_errors_total", "Database calls that failed.", r.database_errors);
   counter("reconciliations_total", "Durable-evidence reads after a caller-owned exit or an unknown outcome.",
           r.reconciliations);
+  counter("reconcile_reads_total", "Set-based evidence statements for caller-owned exits.", r.reconcile_reads);
   counter("protocol_warnings_total", "Handler exits contradicted by durable evidence.", r.protocol_warnings);
   counter("capacity_released_total", "Permits released while the database could not answer for an attempt.",
           r.capacity_released);

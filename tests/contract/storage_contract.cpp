@@ -894,6 +894,20 @@ TEST_P(storage_contract, configure_queue_rejects_bad_settings_and_replaces_good_
 
 // ---- reconciliation and progress ------------------------------------------------------------
 
+TEST_P(storage_contract, reconcile_of_a_batch_answers_each_attempt_in_input_order) {
+  for (int i = 0; i < 3; ++i) add(make_job());
+  const auto claimed = claim();
+  ASSERT_THAT(claimed, SizeIs(3));
+  ASSERT_TRUE(complete(claimed[1].attempt));
+  ASSERT_TRUE(must(db().cancel_job(claimed[2].attempt.job_id)));
+  const std::vector<attempt_id> asked{claimed[2].attempt, {987654321, 1}, claimed[0].attempt, claimed[1].attempt,
+                                      claimed[0].attempt};
+  EXPECT_THAT(must(db().reconcile(std::span<const attempt_id>{asked})),
+              ElementsAre(attempt_evidence::closed_by_other, attempt_evidence::unknown_job, attempt_evidence::open,
+                          attempt_evidence::completed_by_this, attempt_evidence::open));
+  EXPECT_THAT(must(db().reconcile(std::span<const attempt_id>{})), IsEmpty());
+}
+
 TEST_P(storage_contract, reconcile_reports_durable_evidence) {
   for (int i = 0; i < 4; ++i) add(make_job());
   const auto claimed = claim();

@@ -180,6 +180,26 @@ TEST_F(caller_owned, lost_commit_acknowledgement_reconciles_to_completed_once_wi
   EXPECT_EQ(m.stale_rejected, 0u);
 }
 
+TEST_F(caller_owned, exits_are_reconciled_in_set_based_batches_not_one_read_each) {
+  auto cfg = fast_config();
+  cfg.queues[0].max_concurrency = 200;
+  cfg.claim_batch = 200;
+  cfg.flush_delay = 50ms;  // exits arriving within 50 ms share one evidence statement
+  auto rt = make(cfg);
+  rt->handle_caller_owned("charge", [&](caller_owned_context& ctx) -> result<finalization_receipt> {
+    ctx.note_failure("declined");
+    return make_error_code(errc::invalid_argument);  // never finalized: evidence says open
+  });
+  enqueue_many(200, "charge");
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return count("state = 'failed'") == 200; }));
+  ASSERT_TRUE(rt->wait_idle(5s));
+  const auto m = rt->metrics();
+  EXPECT_EQ(m.reconciliations, 200u);
+  EXPECT_LE(m.reconcile_reads, 20u) << "200 exits need a handful of set-based reads";
+  EXPECT_EQ(m.failed, 200u);
+}
+
 TEST_F(caller_owned, invalid_argument_error_fails_the_job_for_good) {
   auto rt = make();
   rt->handle_caller_owned("charge", [&](caller_owned_context& ctx) -> result<finalization_receipt> {

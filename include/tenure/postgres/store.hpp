@@ -58,6 +58,7 @@ class store final : public sdk::storage_port {
   result<std::vector<sdk::rescued_attempt>> rescue_stale(sdk::microseconds stale_after) override;
   result<std::int64_t> promote_due() override;
   result<sdk::attempt_evidence> reconcile(attempt_id attempt) override;
+  result<std::vector<sdk::attempt_evidence>> reconcile(std::span<const attempt_id> attempts) override;
 
   result<void> configure_queue(std::string_view queue, const sdk::queue_settings& settings) override;
 
