@@ -26,6 +26,7 @@
 #include <spdlog/spdlog.h>
 
 #include "sdk/runtime/attempt_entry.hpp"
+#include "sdk/runtime/batcher.hpp"
 #include "sdk/runtime/metrics_server.hpp"
 #include "sdk/signal_port.hpp"
 #include "sdk/storage_port.hpp"
@@ -283,10 +284,12 @@ struct runtime::impl {
         store(std::move(s)),
         signals(std::move(sig)),
         db(4),
-        flush_timer(ctl),
-        reconcile_timer(ctl),
+        completions(ctl, [this](std::vector<pending_completion> b) { flush(std::move(b)); }),
+        evidence(ctl, [this](std::vector<pending_reconcile> b) { read_evidence(std::move(b)); }),
         heartbeat_timer(ctl),
         maintenance_timer(ctl) {
+    completions.configure(static_cast<std::size_t>(cfg.completion_batch), cfg.flush_delay);
+    evidence.configure(static_cast<std::size_t>(cfg.completion_batch), cfg.flush_delay);
     for (const auto& q : cfg.queues) {
       queues.push_back(std::make_unique<queue_state>(ctl, q));
       by_name[q.name] = queues.back().get();
@@ -314,17 +317,11 @@ struct runtime::impl {
   std::vector<std::unique_ptr<queue_state>> queues;
   std::unordered_map<std::string, queue_state*> by_name;
   std::map<attempt_id, entry_ptr> in_flight;
-  std::deque<pending_completion> pending;
-  asio::steady_timer flush_timer;
-  std::deque<pending_reconcile> to_reconcile;  ///< caller-owned exits waiting for their evidence
-  asio::steady_timer reconcile_timer;
-  bool reconciling = false;
-  bool reconcile_timer_armed = false;
+  detail::batcher<pending_completion> completions;  ///< completed outcomes waiting for their flush
+  detail::batcher<pending_reconcile> evidence;       ///< caller-owned exits waiting for their evidence
   milliseconds reconcile_backoff{0};
   asio::steady_timer heartbeat_timer;
   asio::steady_timer maintenance_timer;
-  bool flushing = false;
-  bool flush_timer_armed = false;
   milliseconds flush_backoff{0};
   bool heartbeat_running = false;
   bool maintenance_running = false;
@@ -560,36 +557,11 @@ struct runtime::impl {
   /// Queues the attempt for reconciliation: its durable evidence is read (with others, in one
   /// set-based statement) and acted on (DESIGN.md section 6, cases 1-4).
   void reconcile_caller(const entry_ptr& entry, std::shared_ptr<caller_exit> exit) {
-    to_reconcile.push_back({entry, std::move(exit)});
-    maybe_reconcile();
+    evidence.push({entry, std::move(exit)}, stopping);
   }
 
-  void maybe_reconcile() {
-    if (reconciling || to_reconcile.empty()) return;
-    if (static_cast<int>(to_reconcile.size()) >= cfg.completion_batch || stopping) {
-      reconcile_timer.cancel();
-      reconcile_timer_armed = false;
-      run_reconcile();
-      return;
-    }
-    if (!reconcile_timer_armed) {
-      reconcile_timer_armed = true;
-      reconcile_timer.expires_after(cfg.flush_delay);
-      reconcile_timer.async_wait([this](const boost::system::error_code& ec) {
-        if (ec) return;
-        reconcile_timer_armed = false;
-        if (!reconciling) run_reconcile();
-      });
-    }
-  }
-
-  void run_reconcile() {
-    if (reconciling || to_reconcile.empty()) return;
-    reconciling = true;
-    const auto n = std::min<std::size_t>(to_reconcile.size(), static_cast<std::size_t>(cfg.completion_batch));
-    std::vector<pending_reconcile> batch(std::make_move_iterator(to_reconcile.begin()),
-                                         std::make_move_iterator(to_reconcile.begin() + static_cast<long>(n)));
-    to_reconcile.erase(to_reconcile.begin(), to_reconcile.begin() + static_cast<long>(n));
+  void read_evidence(std::vector<pending_reconcile> batch) {
+    const auto n = batch.size();
     std::vector<attempt_id> ids;
     ids.reserve(n);
     for (const auto& p : batch) ids.push_back(p.entry->claim.attempt);
@@ -599,7 +571,6 @@ struct runtime::impl {
     on_db([this, ids = std::move(ids)] { return store->reconcile(std::span<const attempt_id>{ids}); },
           [this, batch = std::move(batch)](result<std::vector<sdk::attempt_evidence>> r) mutable {
             --outstanding_ops;
-            reconciling = false;
             if (!r || r.value().size() != batch.size()) {
               // Case 4: no evidence, so nothing is written. Keep asking with backoff; past the
               // budget each attempt's permit goes back to its queue (the light watcher).
@@ -617,22 +588,20 @@ struct runtime::impl {
                 spdlog::error("tenure: no evidence before shutdown for {} attempt(s) (job/lease {}): {}; they are "
                               "settled by their own transactions or by rescue",
                               batch.size(), jobs, why);
+                evidence.answered();
                 for (auto& p : batch) release(p.entry);
                 return;
               }
               spdlog::warn("tenure: reconciling {} attempt(s) (job/lease {}) failed ({}); retrying in {} ms", batch.size(),
                            jobs, why, reconcile_backoff.count());
-              for (auto it = batch.rbegin(); it != batch.rend(); ++it) to_reconcile.push_front(std::move(*it));
-              reconciling = true;  // hold further reads until the retry
-              retry_later(reconcile_backoff, [this] {
-                reconciling = false;
-                run_reconcile();
-              });
+              evidence.put_back(std::move(batch));  // further reads wait for the retry
+              retry_later(reconcile_backoff, [this] { evidence.retry(); });
               return;
             }
+            evidence.answered();
             reconcile_backoff = milliseconds{0};
             for (std::size_t i = 0; i < batch.size(); ++i) on_evidence(batch[i].entry, *batch[i].exit, r.value()[i]);
-            maybe_reconcile();
+            evidence.maybe(stopping);
           });
   }
 
@@ -731,8 +700,7 @@ struct runtime::impl {
     if (outcome.what() == job_outcome::kind::completed) {
       std::optional<std::string> progress;
       if (outcome.progress()) progress = outcome.progress()->dump();
-      pending.push_back({entry, std::move(progress)});
-      maybe_flush();
+      completions.push({entry, std::move(progress)}, stopping);
       return;
     }
     apply_outcome(entry, std::move(outcome), milliseconds{0});
@@ -840,32 +808,8 @@ struct runtime::impl {
 
   // ---- completion batcher ----
 
-  void maybe_flush() {
-    if (flushing || pending.empty()) return;
-    if (static_cast<int>(pending.size()) >= cfg.completion_batch || stopping) {
-      flush_timer.cancel();
-      flush_timer_armed = false;
-      flush();
-      return;
-    }
-    if (!flush_timer_armed) {
-      flush_timer_armed = true;
-      flush_timer.expires_after(cfg.flush_delay);
-      flush_timer.async_wait([this](const boost::system::error_code& ec) {
-        if (ec) return;
-        flush_timer_armed = false;
-        if (!flushing) flush();
-      });
-    }
-  }
-
-  void flush() {
-    if (flushing || pending.empty()) return;
-    flushing = true;
-    const auto n = std::min<std::size_t>(pending.size(), static_cast<std::size_t>(cfg.completion_batch));
-    std::vector<pending_completion> batch(std::make_move_iterator(pending.begin()),
-                                          std::make_move_iterator(pending.begin() + static_cast<long>(n)));
-    pending.erase(pending.begin(), pending.begin() + static_cast<long>(n));
+  void flush(std::vector<pending_completion> batch) {
+    const auto n = batch.size();
     std::vector<sdk::completion> items;
     items.reserve(n);
     for (const auto& p : batch) items.push_back({p.entry->claim.attempt, p.progress});
@@ -878,7 +822,6 @@ struct runtime::impl {
 
   void on_flushed(std::vector<pending_completion> batch, result<std::vector<sdk::completion_result>> r,
                   steady_clock::duration took) {
-    flushing = false;
     if (!r) {
       // The attempts stay open (and heartbeated); the flush is retried. Never lost, never
       // double-completed: after an unknown outcome, a stale answer is checked against evidence.
@@ -889,18 +832,15 @@ struct runtime::impl {
         p.entry->in_doubt = p.entry->in_doubt || doubt;
         note_trouble(p.entry);
       }
-      for (auto it = batch.rbegin(); it != batch.rend(); ++it) pending.push_front(std::move(*it));
       flush_backoff = next_backoff(flush_backoff);
       spdlog::warn("tenure: completion flush of {} failed ({}); retrying in {} ms", batch.size(),
                    r.error().message(), flush_backoff.count());
+      completions.put_back(std::move(batch));  // further flushes wait for the retry
       auto t = std::make_shared<asio::steady_timer>(ctl, flush_backoff);
-      flushing = true;  // hold further flushes until the retry
-      t->async_wait([this, t](const boost::system::error_code&) {
-        flushing = false;
-        flush();
-      });
+      t->async_wait([this, t](const boost::system::error_code&) { completions.retry(); });
       return;
     }
+    completions.answered();
     flush_backoff = milliseconds{0};
     const auto size = batch.size();
     m.flushes.fetch_add(1, std::memory_order_relaxed);
@@ -926,7 +866,7 @@ struct runtime::impl {
         discard_stale(entry);
       }
     }
-    maybe_flush();
+    completions.maybe(stopping);
   }
 
   void discard_stale(const entry_ptr& entry) {
@@ -1152,7 +1092,7 @@ struct runtime::impl {
   // ---- idle / shutdown ----
 
   bool idle_now() const {
-    return in_flight.empty() && pending.empty() && !flushing && to_reconcile.empty() && outstanding_ops == 0;
+    return in_flight.empty() && completions.idle() && evidence.idle() && outstanding_ops == 0;
   }
 
   void check_idle() {
@@ -1312,9 +1252,9 @@ void runtime::stop() noexcept {
       auto p = std::make_shared<std::promise<bool>>();
       auto f = p->get_future();
       d.on_ctl([&d, p] {
-        d.maybe_flush();
-        d.maybe_reconcile();
-        p->set_value(d.pending.empty() && !d.flushing && d.to_reconcile.empty() && d.outstanding_ops == 0);
+        d.completions.maybe(true);
+        d.evidence.maybe(true);
+        p->set_value(d.completions.idle() && d.evidence.idle() && d.outstanding_ops == 0);
       });
       if (f.get()) break;
       if (steady_clock::now() >= flush_deadline) {
@@ -1331,8 +1271,8 @@ void runtime::stop() noexcept {
         [&d](std::function<void()> done) {
           d.heartbeat_timer.cancel();
           d.maintenance_timer.cancel();
-          d.flush_timer.cancel();
-          d.reconcile_timer.cancel();
+          d.completions.cancel();
+          d.evidence.cancel();
           done();
         },
         milliseconds{60'000});
@@ -1429,7 +1369,7 @@ void runtime::heartbeat_now() {
 void runtime::flush_now() {
   impl_->run_and_wait(
       [this](std::function<void()> done) {
-        impl_->flush();
+        impl_->completions.run();
         done();
       },
       milliseconds{60'000});

@@ -379,10 +379,11 @@ TEST_F(runtime_pg, shutdown_timeout_gives_up_on_a_waiting_handler_and_leaves_the
 
 TEST_F(runtime_pg, extend_and_finish_a_waiting_attempt_from_the_cpp_client) {
   const auto id = enqueue("external");
+  auto store = open_store();  // opened first: the window below must not include a pool connect
   auto rt = make();
   callback_probe p;
   rt->handle("external", [&](job_context& ctx) {
-    auto cb = ctx.register_callback(300ms);
+    auto cb = ctx.register_callback(1s);
     if (!cb) return job_outcome::fail("register");
     {
       std::lock_guard lock(p.mu);
@@ -395,11 +396,10 @@ TEST_F(runtime_pg, extend_and_finish_a_waiting_attempt_from_the_cpp_client) {
   });
   ASSERT_TRUE(rt->start());
   ASSERT_TRUE(eventually([&] { return state_of(id) == "waiting_external"; }));
-  auto store = open_store();
   auto extended = store->extend_callback(p.id(0), std::chrono::hours{1});
   ASSERT_TRUE(extended);
   EXPECT_TRUE(extended.value());
-  std::this_thread::sleep_for(600ms);  // past the original timeout, with maintenance running
+  std::this_thread::sleep_for(1300ms);  // past the original timeout, with maintenance running
   EXPECT_EQ(state_of(id), "waiting_external");
   auto done = store->complete_callback(p.id(0), R"({"from": "outside"})");
   ASSERT_TRUE(done);
