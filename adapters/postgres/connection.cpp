@@ -43,7 +43,8 @@ std::string one_line(std::string s) {
 }  // namespace
 
 result<std::unique_ptr<connection>> connection::open(const std::string& dsn, std::string* detail,
-                                                     const std::string& application_name) {
+                                                     const std::string& application_name,
+                                                     std::chrono::milliseconds lock_timeout) {
   PGconn* c = PQconnectdb(dsn.c_str());
   if (c == nullptr || PQstatus(c) != CONNECTION_OK) {
     std::string msg = c ? one_line(PQerrorMessage(c)) : "out of memory";
@@ -59,6 +60,7 @@ result<std::unique_ptr<connection>> connection::open(const std::string& dsn, std
   // UTC everywhere: timestamps cross this boundary as text or epoch microseconds.
   std::string setup = "SET TimeZone = 'UTC'";
   if (!application_name.empty()) setup += "; SET application_name = " + conn->quote_literal(application_name);
+  if (lock_timeout.count() > 0) setup += "; SET lock_timeout = " + std::to_string(lock_timeout.count());
   PQclear(PQexec(c, setup.c_str()));
   return conn;
 }

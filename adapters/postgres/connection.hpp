@@ -61,9 +61,11 @@ errc errc_from_sqlstate(std::string_view sqlstate) noexcept;
 class connection {
  public:
   /// Connects (blocking). errc::database_unavailable when the server cannot be reached.
-  /// `application_name`, when not empty, names the session in pg_stat_activity.
+  /// `application_name`, when not empty, names the session in pg_stat_activity. A positive
+  /// `lock_timeout` bounds every lock wait of the session (SQLSTATE 55P03, transient_conflict).
   static result<std::unique_ptr<connection>> open(const std::string& dsn, std::string* detail = nullptr,
-                                                  const std::string& application_name = {});
+                                                  const std::string& application_name = {},
+                                                  std::chrono::milliseconds lock_timeout = {});
   ~connection();
   connection(const connection&) = delete;
   connection& operator=(const connection&) = delete;

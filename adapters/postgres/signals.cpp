@@ -126,7 +126,8 @@ result<std::unique_ptr<runtime>> make_runtime(runtime_options options, std::stri
   auto st = store::open({.dsn = options.dsn,
                          .schema = options.schema,
                          .pool_size = options.pool_size,
-                         .application_name = options.application_name},
+                         .application_name = options.application_name,
+                         .lock_timeout = options.lock_timeout},
                         detail);
   if (!st) return st.error();
   std::shared_ptr<sdk::storage_port> shared{std::move(st).value()};

@@ -129,7 +129,7 @@ struct store::impl {
     };
     if (!c || !c->ok()) {
       std::string why;
-      auto opened = connection::open(opt.dsn, &why, opt.application_name);
+      auto opened = connection::open(opt.dsn, &why, opt.application_name, opt.lock_timeout);
       if (!opened) {
         spdlog::warn("tenure.pg: {}", why);
         give_back(nullptr);
@@ -160,7 +160,7 @@ result<std::unique_ptr<store>> store::open(store_options options, std::string* d
   }
   if (options.pool_size < 1) options.pool_size = 1;
   auto p = std::make_unique<impl>(std::move(options));
-  auto c = connection::open(p->opt.dsn, detail, p->opt.application_name);
+  auto c = connection::open(p->opt.dsn, detail, p->opt.application_name, p->opt.lock_timeout);
   if (!c) return c.error();
   auto v = c.value()->exec(p->st.version, {}, effect::read, detail);
   if (!v) {
@@ -182,7 +182,7 @@ result<std::unique_ptr<store>> store::open(store_options options, std::string* d
   // Open the whole pool now: a connection opened on demand under load can take a second, and a
   // heartbeat waiting for one is how a live attempt ends up rescued.
   for (int i = 1; i < p->opt.pool_size; ++i) {
-    auto more = connection::open(p->opt.dsn, detail, p->opt.application_name);
+    auto more = connection::open(p->opt.dsn, detail, p->opt.application_name, p->opt.lock_timeout);
     if (!more) return more.error();
     p->idle.push_back(std::move(more).value());
   }

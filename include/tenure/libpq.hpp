@@ -10,8 +10,9 @@
 namespace tenure {
 
 /// Completes the attempt named by `token` on `conn`, which must be inside a transaction the
-/// caller opened with BEGIN (errc::invalid_argument otherwise: an autocommit completion would
-/// commit apart from the business writes). errc::stale_attempt when the attempt is no longer
+/// caller opened with BEGIN (errc::protocol_error otherwise: an autocommit completion would
+/// commit apart from the business writes; likewise for an aborted transaction or a busy
+/// connection). errc::stale_attempt when the attempt is no longer
 /// live (TN001: the transaction is now aborted; roll it back), errc::malformed_token (TN002),
 /// errc::database_unavailable when the connection broke (the transaction is lost with it).
 result<finalization_receipt> complete_in_tx(PGconn* conn, const finalization_token& token,

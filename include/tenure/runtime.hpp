@@ -199,8 +199,8 @@ class caller_owned_context : public job_context {
   /// `progress`, when given, is the job's final progress; else progress buffered with
   /// set_progress() and not yet flushed is used, else the last flushed one is kept.
   /// errc::stale_attempt when the attempt is no longer live: the server raised TN001 and the
-  /// caller's transaction is aborted (roll it back). errc::invalid_argument when `tx` has no
-  /// open transaction. The receipt only proves the statement ran: the caller must still COMMIT,
+  /// caller's transaction is aborted (roll it back). errc::protocol_error when `tx` has no
+  /// open transaction (or an aborted one). The receipt only proves the statement ran: the caller must still COMMIT,
   /// and the runtime checks durable evidence after the handler returns either way.
   template <class Tx>
   result<finalization_receipt> complete_in_tx(Tx&& tx, std::optional<nlohmann::json> progress = std::nullopt) {
@@ -277,7 +277,8 @@ class runtime {
   runtime(const runtime&) = delete;
   runtime& operator=(const runtime&) = delete;
 
-  /// Registers the handler for a job kind. Call before start().
+  /// Registers the handler for a job kind (replacing any handler of that kind). Call before
+  /// start(): later registrations are ignored, with an error logged.
   void handle(std::string kind, handler fn);
   /// Registers a handler with typed args (nlohmann::json from_json). Args that do not convert
   /// fail the job permanently: they can never succeed.
@@ -293,7 +294,8 @@ class runtime {
              return fn(args, ctx);
            }});
   }
-  /// Registers a caller-owned handler for a job kind (replacing any handler of that kind). After
+  /// Registers a caller-owned handler for a job kind (replacing any handler of that kind); call
+  /// before start() (later registrations are ignored, with an error logged). After
   /// every exit (receipt, error, exception, cancellation) the runtime reads the attempt's durable
   /// evidence before it releases anything:
   ///  1. completed by this attempt: accepted (a handler that reported an error anyway gets one

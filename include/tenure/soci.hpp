@@ -41,7 +41,7 @@ result<std::vector<std::int64_t>> enqueue_batch(soci::session& session, std::spa
                                                 const sql_options& options = {});
 
 /// Completes the attempt named by `token` through `session`, inside the transaction the caller
-/// opened on it (a soci::transaction, or BEGIN): errc::invalid_argument when none is open (an
+/// opened on it (a soci::transaction, or BEGIN): errc::protocol_error when none is open (an
 /// autocommit completion would commit apart from the business writes). errc::stale_attempt when
 /// the attempt is no longer live (TN001: the transaction is now aborted; roll it back),
 /// errc::malformed_token (TN002), errc::database_unavailable when the connection broke.

@@ -86,6 +86,11 @@ struct attempt_entry {
     std::lock_guard lock(mu);
     return std::exchange(progress, std::nullopt);
   }
+  /// The buffered progress, left buffered (a heartbeat still flushes it).
+  std::optional<std::string> peek_progress() {
+    std::lock_guard lock(mu);
+    return progress;
+  }
   /// Puts back progress a failed heartbeat took, unless the handler wrote newer progress.
   void restore_progress(std::string json) {
     std::lock_guard lock(mu);
@@ -125,9 +130,9 @@ struct attempt_entry {
   /// When the database last confirmed the attempt live (claim or heartbeat): with staleness,
   /// the attempt's rescue deadline.
   std::chrono::steady_clock::time_point last_live = std::chrono::steady_clock::now();
-  /// When recording its outcome (reconciliation or outcome write) first failed; nullopt while
-  /// the database answers.
-  std::optional<std::chrono::steady_clock::time_point> trouble_since;
+  bool caller_owned = false;   ///< finished by its handler's own transaction (complete_in_tx)
+  /// When the handler returned: the reconcile budget counts from here.
+  std::optional<std::chrono::steady_clock::time_point> done_at;
 
  private:
   mutable std::once_flag args_once;

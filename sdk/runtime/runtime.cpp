@@ -16,6 +16,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <algorithm>
+#include <cctype>
 #include <deque>
 #include <future>
 #include <map>
@@ -205,8 +206,9 @@ finalize_options caller_owned_context::finalize_options_for(std::optional<nlohma
   o.schema = schema_;
   if (progress) {
     o.progress = std::move(progress);
-  } else if (auto buffered = entry_->take_progress()) {
-    // Progress set but not flushed yet: it becomes the final progress, in the same statement.
+  } else if (auto buffered = entry_->peek_progress()) {
+    // Progress set but not flushed yet becomes the final progress, in the same statement. It
+    // stays buffered too: if this transaction rolls back, the next heartbeat still keeps it.
     auto j = nlohmann::json::parse(*buffered, nullptr, /*allow_exceptions=*/false);
     if (!j.is_discarded()) o.progress = std::move(j);
   }
@@ -287,7 +289,8 @@ struct runtime::impl {
         completions(ctl, [this](std::vector<pending_completion> b) { flush(std::move(b)); }),
         evidence(ctl, [this](std::vector<pending_reconcile> b) { read_evidence(std::move(b)); }),
         heartbeat_timer(ctl),
-        maintenance_timer(ctl) {
+        maintenance_timer(ctl),
+        capacity_timer(ctl) {
     completions.configure(static_cast<std::size_t>(cfg.completion_batch), cfg.flush_delay);
     evidence.configure(static_cast<std::size_t>(cfg.completion_batch), cfg.flush_delay);
     for (const auto& q : cfg.queues) {
@@ -322,6 +325,7 @@ struct runtime::impl {
   milliseconds reconcile_backoff{0};
   asio::steady_timer heartbeat_timer;
   asio::steady_timer maintenance_timer;
+  asio::steady_timer capacity_timer;
   milliseconds flush_backoff{0};
   bool heartbeat_running = false;
   bool maintenance_running = false;
@@ -464,6 +468,7 @@ struct runtime::impl {
     ++running_handlers;
     emit(lifecycle_event::started, a);
     if (auto owned = owned_handlers.find(a.kind); owned != owned_handlers.end()) {
+      entry->caller_owned = true;
       run_caller_owned(entry, owned->second);
       return;
     }
@@ -508,12 +513,21 @@ struct runtime::impl {
     return "exited";
   }
 
+  struct skip_handler {};
+
   void run_caller_owned(const entry_ptr& entry, const caller_owned_handler& fn) {
     asio::post(*workers, [this, entry, &fn] {
       caller_exit exit;
       {
         detail::gate_hold slot{owned_gate.get()};
         try {
+          if (entry->is_cancelled()) {
+            // Cancelled, rescued or abandoned while waiting for a slot: never start the handler.
+            exit.what = caller_exit::how::cancelled;
+            exit.code = make_error_code(errc::stale_attempt);
+            exit.message = "cancelled before its handler started";
+            throw skip_handler{};
+          }
           caller_owned_context ctx{entry, cfg.sql_schema};
           auto r = fn(ctx);
           if (r) {
@@ -528,6 +542,7 @@ struct runtime::impl {
             std::lock_guard lock(entry->mu);
             exit.message = entry->failure_note.empty() ? r.error().message() : entry->failure_note;
           }
+        } catch (const skip_handler&) {
         } catch (const std::exception& e) {
           exit.what = caller_exit::how::threw;
           exit.message = std::string{"handler threw: "} + e.what();
@@ -543,6 +558,7 @@ struct runtime::impl {
   void on_caller_exit(const entry_ptr& entry, caller_exit exit) {
     --running_handlers;
     entry->handler_done = true;
+    entry->done_at = steady_clock::now();
     if (abandoning) {
       const auto& a = entry->claim;
       spdlog::warn("tenure: job {} lease {} queue {} (caller-owned) exited after the shutdown timeout; not "
@@ -566,8 +582,6 @@ struct runtime::impl {
     ids.reserve(n);
     for (const auto& p : batch) ids.push_back(p.entry->claim.attempt);
     ++outstanding_ops;
-    m.reconciliations.fetch_add(n, std::memory_order_relaxed);
-    m.reconcile_reads.fetch_add(1, std::memory_order_relaxed);
     on_db([this, ids = std::move(ids)] { return store->reconcile(std::span<const attempt_id>{ids}); },
           [this, batch = std::move(batch)](result<std::vector<sdk::attempt_evidence>> r) mutable {
             --outstanding_ops;
@@ -583,7 +597,7 @@ struct runtime::impl {
                 jobs += (i ? ", " : "") + std::to_string(a.job_id) + "/" + std::to_string(a.run_lease);
               }
               if (batch.size() > 5) jobs += ", ...";
-              for (auto& p : batch) note_trouble(p.entry);
+              for (auto& p : batch) check_capacity(p.entry);
               if (abandoning) {
                 spdlog::error("tenure: no evidence before shutdown for {} attempt(s) (job/lease {}): {}; they are "
                               "settled by their own transactions or by rescue",
@@ -599,6 +613,8 @@ struct runtime::impl {
               return;
             }
             evidence.answered();
+            m.reconciliations.fetch_add(batch.size(), std::memory_order_relaxed);
+            m.reconcile_reads.fetch_add(1, std::memory_order_relaxed);
             reconcile_backoff = milliseconds{0};
             for (std::size_t i = 0; i < batch.size(); ++i) on_evidence(batch[i].entry, *batch[i].exit, r.value()[i]);
             evidence.maybe(stopping);
@@ -607,7 +623,6 @@ struct runtime::impl {
 
   void on_evidence(const entry_ptr& entry, const caller_exit& exit, sdk::attempt_evidence evidence) {
     const auto& c = entry->claim;
-    entry->trouble_since.reset();
     switch (evidence) {
       case sdk::attempt_evidence::completed_by_this:
         // Case 1: durable state wins, whatever the handler said.
@@ -654,23 +669,41 @@ struct runtime::impl {
     });
   }
 
-  /// The database could not record or reconcile this attempt's outcome. Past the reconcile
-  /// budget, or past the attempt's rescue deadline (after which another worker may rightly run
-  /// the job), its capacity permit is released; the entry stays (heartbeated, reconciling).
-  void note_trouble(const entry_ptr& entry) {
+  /// An attempt whose handler returned holds its permit until the database answered for it. Past
+  /// the reconcile budget (counted from the handler's exit), or past the attempt's rescue
+  /// deadline (after which another worker may rightly run the job), the permit is released so
+  /// other jobs can run; the entry stays (heartbeated, still reconciling or flushing). Nothing
+  /// is written without evidence. Called on every failed answer and by the capacity sweep, so a
+  /// read that hangs does not keep the permit either.
+  void check_capacity(const entry_ptr& entry) {
+    if (!entry->permit_held || !entry->handler_done || !entry->done_at) return;
     const auto now = steady_clock::now();
-    if (!entry->trouble_since) entry->trouble_since = now;
-    if (!entry->permit_held) return;
-    if (now - *entry->trouble_since < reconcile_budget() && now - entry->last_live < staleness()) return;
+    if (now - *entry->done_at < reconcile_budget() && now - entry->last_live < staleness()) return;
     const auto& c = entry->claim;
-    spdlog::warn("tenure: job {} lease {} queue {}: the database has not answered for its outcome for {} ms; "
-                 "releasing its capacity permit, still reconciling (nothing is written without evidence)",
+    spdlog::warn("tenure: job {} lease {} queue {}: no answer from the database for its outcome after {} ms; "
+                 "releasing its capacity permit, still {} (nothing is written without evidence)",
                  c.attempt.job_id, c.attempt.run_lease, c.queue,
-                 std::chrono::duration_cast<milliseconds>(now - *entry->trouble_since).count());
+                 std::chrono::duration_cast<milliseconds>(now - *entry->done_at).count(),
+                 entry->caller_owned ? "reconciling" : "retrying");
     entry->watching = true;
     m.watching.fetch_add(1, std::memory_order_relaxed);
     m.capacity_released.fetch_add(1, std::memory_order_relaxed);
     release_permit(entry);
+  }
+
+  /// Looks at every finished attempt still held, on a timer (see check_capacity).
+  void arm_capacity_sweep() {
+    const auto every = std::clamp(reconcile_budget() / 4, milliseconds{10}, milliseconds{1'000});
+    capacity_timer.expires_after(every);
+    capacity_timer.async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      std::vector<entry_ptr> done;
+      for (const auto& [id, e] : in_flight) {
+        if (e->handler_done && e->permit_held) done.push_back(e);
+      }
+      for (const auto& e : done) check_capacity(e);
+      arm_capacity_sweep();
+    });
   }
 
   void release_permit(const entry_ptr& entry) {
@@ -689,6 +722,7 @@ struct runtime::impl {
   void on_outcome(const entry_ptr& entry, job_outcome outcome) {
     --running_handlers;
     entry->handler_done = true;
+    entry->done_at = steady_clock::now();
     const auto& a = entry->claim;
     if (abandoning) {
       spdlog::warn("tenure: job {} lease {} queue {} finished after the shutdown timeout; its attempt stays "
@@ -767,6 +801,16 @@ struct runtime::impl {
             release(entry);
             return;
           }
+          if (r.error() == errc::stale_attempt && entry->caller_owned) {
+            // The attempt was open when its evidence was read, and closed before this write: by
+            // rescue or cancel (stale), or by the caller's own transaction committing late
+            // (completed). Only the evidence can tell.
+            auto exit = std::make_shared<caller_exit>();
+            exit->what = caller_exit::how::error;
+            exit->message = "the attempt closed while its outcome was being recorded";
+            reconcile_caller(entry, std::move(exit));
+            return;
+          }
           if (r.error() == errc::stale_attempt) {
             m.stale_rejected.fetch_add(1, std::memory_order_relaxed);
             spdlog::debug("tenure: stale outcome discarded for job {} lease {} queue {}", c.attempt.job_id,
@@ -779,7 +823,7 @@ struct runtime::impl {
           // Keep the entry and retry: the attempt stays ours until the database answers. An
           // unknown outcome is retried too; if the first call had landed, the retry is stale.
           if (r.error() == errc::commit_in_doubt) entry->in_doubt = true;
-          note_trouble(entry);
+          check_capacity(entry);
           if (abandoning) {
             spdlog::error("tenure: could not record the {} outcome of job {} lease {} queue {} before shutdown "
                           "({}); the attempt stays open for rescue",
@@ -830,7 +874,7 @@ struct runtime::impl {
       const bool doubt = r.error() == errc::commit_in_doubt;
       for (auto& p : batch) {
         p.entry->in_doubt = p.entry->in_doubt || doubt;
-        note_trouble(p.entry);
+        check_capacity(p.entry);
       }
       flush_backoff = next_backoff(flush_backoff);
       spdlog::warn("tenure: completion flush of {} failed ({}); retrying in {} ms", batch.size(),
@@ -854,7 +898,6 @@ struct runtime::impl {
     const auto& results = r.value();
     for (std::size_t i = 0; i < batch.size(); ++i) {
       const auto& entry = batch[i].entry;
-      entry->trouble_since.reset();
       const bool applied = i < results.size() && results[i].applied;
       if (applied) {
         m.completed.fetch_add(1, std::memory_order_relaxed);
@@ -886,7 +929,7 @@ struct runtime::impl {
             --outstanding_ops;
             if (!r) {
               m.database_errors.fetch_add(1, std::memory_order_relaxed);
-              note_trouble(entry);
+              check_capacity(entry);
               if (abandoning) {
                 release(entry);
                 return;
@@ -895,8 +938,7 @@ struct runtime::impl {
               retry_later(next, [this, entry, next] { reconcile_in_doubt(entry, next); });
               return;
             }
-            entry->trouble_since.reset();
-            if (r.value() == sdk::attempt_evidence::completed_by_this) {
+                  if (r.value() == sdk::attempt_evidence::completed_by_this) {
               m.completed.fetch_add(1, std::memory_order_relaxed);
               emit(lifecycle_event::completed, entry->claim);
               release(entry);
@@ -1145,7 +1187,16 @@ result<std::unique_ptr<runtime>> runtime::create(runtime_config config, std::sha
   if (config.reconcile_budget && config.reconcile_budget->count() < 0) return bad("reconcile_budget must not be negative");
   if (config.max_caller_owned < 0) return bad("max_caller_owned must not be negative");
   if (config.handler_store_calls < 0) return bad("handler_store_calls must not be negative");
-  if (config.sql_schema.empty()) return bad("sql_schema must not be empty");
+  {
+    // The same rule the SQL side enforces: a plain lower-case identifier.
+    const auto& sc = config.sql_schema;
+    const bool ok = !sc.empty() && sc.size() <= 63 && (std::islower(static_cast<unsigned char>(sc[0])) || sc[0] == '_') &&
+                    std::all_of(sc.begin(), sc.end(), [](char ch) {
+                      return std::islower(static_cast<unsigned char>(ch)) || std::isdigit(static_cast<unsigned char>(ch)) ||
+                             ch == '_';
+                    });
+    if (!ok) return bad("sql_schema '" + sc + "' is not a plain lower-case identifier");
+  }
   if (config.worker_id.empty()) config.worker_id = default_worker_id();
   if (config.handler_threads <= 0) {
     config.handler_threads = 0;
@@ -1158,10 +1209,19 @@ result<std::unique_ptr<runtime>> runtime::create(runtime_config config, std::sha
 }
 
 void runtime::handle(std::string kind, handler fn) {
+  if (impl_->started) {
+    spdlog::error("tenure: handle('{}') after start() is ignored: register every handler before start()", kind);
+    return;
+  }
   impl_->owned_handlers.erase(kind);
   impl_->handlers[std::move(kind)] = std::move(fn);
 }
 void runtime::handle_caller_owned(std::string kind, caller_owned_handler fn) {
+  if (impl_->started) {
+    spdlog::error("tenure: handle_caller_owned('{}') after start() is ignored: register every handler before start()",
+                  kind);
+    return;
+  }
   impl_->handlers.erase(kind);
   impl_->owned_handlers[std::move(kind)] = std::move(fn);
 }
@@ -1204,6 +1264,7 @@ result<void> runtime::start() {
     for (auto& q : d.queues) d.pump(*q);
     d.arm_heartbeat();
     d.arm_maintenance();
+    d.arm_capacity_sweep();
   });
   spdlog::info("tenure: runtime {} started on {} queue(s)", d.cfg.worker_id, d.queues.size());
   return success();
@@ -1271,6 +1332,7 @@ void runtime::stop() noexcept {
         [&d](std::function<void()> done) {
           d.heartbeat_timer.cancel();
           d.maintenance_timer.cancel();
+          d.capacity_timer.cancel();
           d.completions.cancel();
           d.evidence.cancel();
           done();

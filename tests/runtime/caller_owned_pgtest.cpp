@@ -200,6 +200,49 @@ TEST_F(caller_owned, exits_are_reconciled_in_set_based_batches_not_one_read_each
   EXPECT_EQ(m.failed, 200u);
 }
 
+TEST_F(caller_owned, caller_transaction_left_open_then_committed_is_accepted_not_retried) {
+  // The handler returns an error while its transaction, which already ran complete_job, is
+  // still open on the server (a pooled connection not yet cleaned up). Evidence says "open";
+  // the retry write waits on the caller's row lock and times out (lock_timeout), is retried,
+  // and once the caller's COMMIT lands it is stale: the evidence is read again and says
+  // completed by this attempt. Completed once, no retry, one protocol warning.
+  std::string why;
+  auto made = postgres::make_runtime({.dsn = schema_.dsn(),
+                                      .schema = schema_.name(),
+                                      .lock_timeout = 200ms,
+                                      .runtime = fast_config()},
+                                     &why);
+  ASSERT_TRUE(made) << why;
+  auto rt = std::move(made).value();
+  auto kept = std::make_shared<pg>(schema_.dsn());
+  std::atomic<bool> returned{false};
+  rt->handle_caller_owned("charge", [&](caller_owned_context& ctx) -> result<finalization_receipt> {
+    kept->exec("BEGIN");
+    kept->exec("INSERT INTO " + s("orders") + " VALUES ($1, $2)",
+               {std::to_string(ctx.job_id()), std::to_string(ctx.run_lease())});
+    auto r = ctx.complete_in_tx(kept->native());
+    EXPECT_TRUE(r);
+    returned = true;
+    return make_error_code(errc::database_unavailable);  // the transaction stays open
+  });
+  ASSERT_TRUE(rt->start());
+  const auto id = enqueue("charge");
+  ASSERT_TRUE(eventually([&] { return returned.load(); }));
+  ASSERT_TRUE(eventually([&] { return rt->metrics().database_errors >= 2; }, 10s))
+      << "the retry write must time out on the caller's lock, not wait forever";
+  EXPECT_EQ(state_of(id), "running");
+  kept->exec("COMMIT");
+  ASSERT_TRUE(finished(id));
+  ASSERT_TRUE(rt->wait_idle(10s));
+  EXPECT_EQ(job(id), "completed 1 1");
+  EXPECT_EQ(orders(), 1);
+  const auto m = rt->metrics();
+  EXPECT_EQ(m.retried, 0u);
+  EXPECT_EQ(m.stale_rejected, 0u);
+  EXPECT_EQ(m.completed, 1u);
+  EXPECT_EQ(m.protocol_warnings, 1u);
+}
+
 TEST_F(caller_owned, invalid_argument_error_fails_the_job_for_good) {
   auto rt = make();
   rt->handle_caller_owned("charge", [&](caller_owned_context& ctx) -> result<finalization_receipt> {
@@ -265,6 +308,7 @@ TEST_F(caller_owned, attempt_rescued_first_is_stale_and_the_new_attempt_complete
   // runtime is created with maintenance off and a long heartbeat interval); a second runtime
   // rescues and re-runs the job. The stalled attempt's late complete_in_tx is stale.
   auto slow_cfg = fast_config();
+  slow_cfg.queues[0].max_concurrency = 1;
   slow_cfg.heartbeat_interval = 10s;
   slow_cfg.staleness = 20s;
   slow_cfg.maintenance = false;
@@ -272,6 +316,7 @@ TEST_F(caller_owned, attempt_rescued_first_is_stale_and_the_new_attempt_complete
   std::atomic<bool> stalled{false}, go{false};
   std::atomic<int> late_stale{0};
   slow->handle_caller_owned("charge", [&](caller_owned_context& ctx) -> result<finalization_receipt> {
+    if (ctx.run_lease() != 1) return business_tx(ctx);  // only the first attempt stalls
     stalled = true;
     while (!go) std::this_thread::sleep_for(2ms);
     auto r = business_tx(ctx);
@@ -289,6 +334,7 @@ TEST_F(caller_owned, attempt_rescued_first_is_stale_and_the_new_attempt_complete
   rescuer->handle_caller_owned("charge", [&](caller_owned_context& ctx) { return business_tx(ctx); });
   ASSERT_TRUE(rescuer->start());
   ASSERT_TRUE(eventually([&] { return job(id) == "completed 2 2"; }));
+  EXPECT_EQ(rescuer->metrics().completed, 1u) << "the rescuer ran lease 2";
   go = true;
   ASSERT_TRUE(slow->wait_idle(10s));
   EXPECT_EQ(late_stale.load(), 1);
@@ -306,7 +352,7 @@ TEST_F(caller_owned, pool_reserve_caps_caller_owned_handlers_while_heartbeats_an
   auto cfg = fast_config();
   cfg.queues = {{.name = "billing", .max_concurrency = 6}, {.name = "default", .max_concurrency = 4}};
   cfg.heartbeat_interval = 100ms;
-  cfg.staleness = 300ms;
+  cfg.staleness = 600ms;
   cfg.max_caller_owned = 2;
   std::string why;
   auto made = postgres::make_runtime(

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
 #include <thread>
 
@@ -370,6 +371,44 @@ TEST_F(runtime_unit, a_released_permit_lets_other_jobs_run_while_the_watcher_kee
   ASSERT_TRUE(eventually([&] { return state(slow) == job_state::retryable; }));
   EXPECT_EQ(faulty_->forwarded(op::reconcile), 1) << "the sixth read answered";
   EXPECT_EQ(plain.load(), 1);
+  rt->stop();
+}
+
+TEST_F(runtime_unit, a_caller_owned_attempt_cancelled_while_waiting_for_a_slot_never_runs_its_handler) {
+  const auto first = enqueue("charge");
+  const auto second = enqueue("charge");
+  auto c = config();
+  c.max_caller_owned = 1;  // the second attempt waits for the first's slot
+  auto rt = make(c);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release_first = false;
+  std::atomic<int> runs_of_second{0};
+  std::atomic<bool> first_running{false};
+  rt->handle_caller_owned("charge", [&](caller_owned_context& ctx) -> result<finalization_receipt> {
+    if (ctx.job_id() == second) {
+      ++runs_of_second;
+      return make_error_code(errc::database_unavailable);
+    }
+    first_running = true;
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return release_first; });
+    return make_error_code(errc::database_unavailable);
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return first_running.load() && rt->metrics().in_flight == 2; }));
+  ASSERT_TRUE(inner_->cancel_job(second).value());
+  rt->heartbeat_now();  // finds the second attempt gone and cancels it
+  {
+    std::lock_guard lock(mu);
+    release_first = true;
+  }
+  cv.notify_all();
+  ASSERT_TRUE(eventually([&] { return rt->wait_idle(10ms); }));
+  EXPECT_EQ(runs_of_second.load(), 0) << "a cancelled attempt never starts its handler";
+  EXPECT_EQ(state(second), job_state::cancelled);
+  EXPECT_EQ(rt->metrics().stale_rejected, 1u);
+  EXPECT_NE(state(first), job_state::running) << "the first attempt was settled by the policy";
   rt->stop();
 }
 

@@ -13,21 +13,23 @@ namespace tenure {
 result<finalization_receipt> complete_in_tx(PGconn* conn, const finalization_token& token,
                                             const finalize_options& options) {
   TENURE_TRY(auto progress, bridges::prepare(token, options));
-  if (conn == nullptr) return errc::invalid_argument;
+  if (conn == nullptr) return errc::protocol_error;
   switch (PQtransactionStatus(conn)) {
     case PQTRANS_INTRANS: break;
+    // Misuse of the caller's transaction is a protocol error (retryable), not bad job input: a
+    // handler with this slip must not fail every job for good.
     case PQTRANS_IDLE:
       spdlog::error("tenure: complete_in_tx for job {} lease {} outside a transaction: BEGIN first",
                     token.job_id(), token.run_lease());
-      return errc::invalid_argument;
+      return errc::protocol_error;
     case PQTRANS_INERROR:
       spdlog::error("tenure: complete_in_tx for job {} lease {} in an aborted transaction: roll it back",
                     token.job_id(), token.run_lease());
-      return errc::invalid_argument;
+      return errc::protocol_error;
     case PQTRANS_ACTIVE:
       spdlog::error("tenure: complete_in_tx for job {} lease {} while a command is still running on the connection",
                     token.job_id(), token.run_lease());
-      return errc::invalid_argument;
+      return errc::protocol_error;
     case PQTRANS_UNKNOWN:
     default: return errc::database_unavailable;
   }

@@ -10,6 +10,12 @@ namespace tenure {
 result<finalization_receipt> complete_in_tx(pqxx::transaction_base& tx, const finalization_token& token,
                                             const finalize_options& options) {
   TENURE_TRY(auto progress, bridges::prepare(token, options));
+  if (dynamic_cast<pqxx::nontransaction*>(&tx) != nullptr) {
+    // Autocommit: the completion would commit apart from the business writes.
+    spdlog::error("tenure: complete_in_tx for job {} lease {} on a pqxx::nontransaction: use pqxx::work",
+                  token.job_id(), token.run_lease());
+    return errc::protocol_error;
+  }
   const std::string sql = bridges::complete_sql(options.schema, progress.has_value());
   try {
     const pqxx::result r =
@@ -33,7 +39,7 @@ result<finalization_receipt> complete_in_tx(pqxx::transaction_base& tx, const fi
     return code;
   } catch (const pqxx::usage_error& e) {
     spdlog::error("tenure: complete_in_tx for job {} lease {}: {}", token.job_id(), token.run_lease(), e.what());
-    return errc::invalid_argument;
+    return errc::protocol_error;
   } catch (const std::exception& e) {
     spdlog::error("tenure: complete_in_tx for job {} lease {} failed: {}", token.job_id(), token.run_lease(),
                   e.what());

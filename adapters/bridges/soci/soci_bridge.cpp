@@ -148,7 +148,7 @@ result<finalization_receipt> complete_in_tx(soci::session& session, const finali
                                             const finalize_options& options) {
   if (session.get_backend() == nullptr || session.get_backend_name() != "postgresql") {
     spdlog::error("tenure.soci: complete_in_tx needs a connected PostgreSQL session");
-    return errc::invalid_argument;
+    return errc::protocol_error;
   }
   // The same statement on the same connection SOCI holds, so it joins the caller's transaction.
   auto* be = static_cast<soci::postgresql_session_backend*>(session.get_backend());

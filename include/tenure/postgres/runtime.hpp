@@ -19,6 +19,8 @@ struct runtime_options {
   /// runtime.handler_store_calls is capped at pool_size - reserved_connections.
   int reserved_connections = 2;
   std::string application_name = "tenure";  ///< names every session in pg_stat_activity
+  /// Bounds the store's lock waits (see store_options::lock_timeout); 0: no limit.
+  std::chrono::milliseconds lock_timeout{5'000};
   runtime_config runtime;
 };
 

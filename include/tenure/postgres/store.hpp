@@ -17,6 +17,11 @@ struct store_options {
   int pool_size = 4;               ///< connections kept open; each call borrows one
   std::chrono::milliseconds acquire_timeout{30'000};  ///< wait for a free connection
   std::string application_name = "tenure";  ///< names the sessions in pg_stat_activity
+  /// Bounds every lock wait of the store's sessions, so a worker never waits without limit on a
+  /// row another transaction holds (e.g. a caller's still-open transaction that ran
+  /// complete_job): the call fails with errc::transient_conflict and is retried later.
+  /// 0: no limit.
+  std::chrono::milliseconds lock_timeout{5'000};
 };
 
 /// Storage port over a small pool of libpq connections. Thread-safe: each call borrows one

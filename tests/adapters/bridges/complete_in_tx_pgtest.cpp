@@ -2,6 +2,7 @@
 // the business row exists if and only if the job completed with that run lease.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <memory>
 #include <thread>
 #include <optional>
@@ -236,23 +237,33 @@ TEST_P(complete_in_tx, cancel_waiting_on_the_open_transaction_loses_once_the_cal
   tx->begin();
   tx->exec(insert_order(c));
   ASSERT_TRUE(tx->complete(c.token(), opts_));
+  std::atomic<bool> answered{false};
   std::optional<result<bool>> cancel_result;
+  const std::string app = "canceller_" + schema_.name();
+  std::string why;
+  auto other = tenure::postgres::store::open(
+      {.dsn = schema_.dsn(), .schema = schema_.name(), .pool_size = 1, .application_name = app,
+       .lock_timeout = std::chrono::milliseconds{0}},
+      &why);
+  ASSERT_TRUE(other) << why;
   std::thread canceller([&] {
-    std::string why;
-    auto other = tenure::postgres::store::open({.dsn = schema_.dsn(), .schema = schema_.name()}, &why);
     cancel_result = other.value()->cancel_job(c.attempt.job_id);
+    answered = true;
   });
   // The cancel is blocked on the row lock while the caller's transaction is open.
-  ASSERT_TRUE([&] {
+  const bool waiting = [&] {
     for (int i = 0; i < 2000; ++i) {
-      if (check_.scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = "
-                        "current_database()") != "0") {
+      if (check_.scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND "
+                        "application_name = $1",
+                        {app}) != "0") {
         return true;
       }
       std::this_thread::sleep_for(5ms);
     }
     return false;
-  }());
+  }();
+  EXPECT_TRUE(waiting) << "the cancel never waited on the caller's row lock";
+  EXPECT_FALSE(answered.load()) << "the cancel answered while the caller's transaction held the attempt";
   ASSERT_TRUE(tx->commit());
   canceller.join();
   ASSERT_TRUE(cancel_result && *cancel_result) << "cancel_job errored";
@@ -345,7 +356,29 @@ TEST(complete_in_tx_guard, libpq_refuses_a_connection_outside_begin) {
   auto r = tenure::complete_in_tx(db.native(), finalization_token{{.job_id = 1, .run_lease = 1}},
                                   {.schema = schema.name()});
   ASSERT_FALSE(r);
-  EXPECT_EQ(r.error(), errc::invalid_argument);
+  EXPECT_EQ(r.error(), errc::protocol_error);
+}
+
+TEST(complete_in_tx_guard, pqxx_refuses_a_nontransaction) {
+  scoped_schema schema{"cit"};
+  std::string why;
+  auto st = tenure::postgres::store::open({.dsn = schema.dsn(), .schema = schema.name()}, &why);
+  ASSERT_TRUE(st) << why;
+  ASSERT_TRUE(st.value()->enqueue({.kind = "charge", .queue = "q"}));
+  auto claimed = st.value()->claim("q", 1, "test");
+  ASSERT_TRUE(claimed && claimed.value().size() == 1);
+  const auto c = claimed.value()[0];
+  pqxx::connection conn{schema.dsn()};
+  pqxx::nontransaction autocommit{conn};
+  auto r = tenure::complete_in_tx(static_cast<pqxx::transaction_base&>(autocommit), c.token(),
+                                  {.schema = schema.name()});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), errc::protocol_error);
+  pg check{schema.dsn()};
+  EXPECT_EQ(check.scalar("SELECT state FROM " + schema.name() + ".jobs WHERE id = $1",
+                         {std::to_string(c.attempt.job_id)}),
+            "running")
+      << "nothing was completed outside a transaction";
 }
 
 TEST(complete_in_tx_guard, soci_refuses_a_session_outside_a_transaction) {
@@ -353,7 +386,7 @@ TEST(complete_in_tx_guard, soci_refuses_a_session_outside_a_transaction) {
   soci::session session(soci::postgresql, tenure::test::keyword_dsn(schema.dsn()));
   auto r = tenure::complete_in_tx(session, finalization_token{{.job_id = 1, .run_lease = 1}}, {.schema = schema.name()});
   ASSERT_FALSE(r);
-  EXPECT_EQ(r.error(), errc::invalid_argument);
+  EXPECT_EQ(r.error(), errc::protocol_error);
 }
 
 TEST(complete_in_tx_guard, libpq_refuses_an_aborted_transaction) {
@@ -364,7 +397,7 @@ TEST(complete_in_tx_guard, libpq_refuses_an_aborted_transaction) {
   auto r = tenure::complete_in_tx(db.native(), finalization_token{{.job_id = 1, .run_lease = 1}},
                                   {.schema = schema.name()});
   ASSERT_FALSE(r);
-  EXPECT_EQ(r.error(), errc::invalid_argument);
+  EXPECT_EQ(r.error(), errc::protocol_error);
 }
 
 }  // namespace
