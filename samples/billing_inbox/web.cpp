@@ -95,7 +95,17 @@ response create_order(const config& cfg, session_pool& pool, const request& req)
                    reason, order_id, job_id);
       return error_response(http::status::unprocessable_entity, "customer is blocked: " + reason);
     }
-    tx.commit();
+    try {
+      tx.commit();
+    } catch (const std::exception& e) {
+      // The COMMIT was sent but its answer lost: the order and its job exist together or not at
+      // all, and only the database knows which. Say so instead of inviting a blind retry.
+      spdlog::warn("web: COMMIT of order {} in doubt: {}", order_id, e.what());
+      return json_response(http::status::service_unavailable,
+                           {{"error", "the database connection broke during COMMIT: check GET /orders/" +
+                                          std::to_string(order_id) + " before retrying"},
+                            {"order_id", order_id}});
+    }
     ++stats().orders_created;
     spdlog::info("web: order {} ({} cents for {}) stored with charge job {} in one transaction", order_id,
                  in.amount_cents, in.customer, job_id);

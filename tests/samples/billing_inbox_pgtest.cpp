@@ -460,6 +460,25 @@ TEST_F(billing_inbox, healthz_is_503_while_the_database_is_unreachable_and_recov
   EXPECT_EQ(n("SELECT count(*) FROM " + a("orders")), 1) << "nothing written while the database was away";
 }
 
+TEST_F(billing_inbox, lost_commit_reply_is_reported_as_in_doubt_with_the_order_id_and_nothing_is_half_written) {
+  fault_proxy proxy{dsn_};
+  const auto web = start_web(proxy.dsn(dsn_));
+  proxy.arm_drop_commit_reply();  // the server commits; the web process sees a broken connection
+  const auto r = http(web, "POST", "/orders", json_order("ada", 1250));
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_NE(r.body.find("check GET /orders/"), std::string::npos) << r.body;
+  const auto id = json_field(r.body, "order_id");
+  ASSERT_FALSE(id.empty()) << r.body;
+  EXPECT_EQ(proxy.fired(), 1);
+  // The order and its charge job committed together, and the answer told the client where to look.
+  EXPECT_EQ(q("SELECT o.state || ' ' || j.kind || ' ' || j.state FROM " + a("orders") + " o JOIN " + jobs() +
+                  " j ON j.id = o.charge_job_id WHERE o.id = $1",
+              {id}),
+            "pending charge available");
+  const auto got = http(web, "GET", "/orders/" + id);
+  EXPECT_EQ(got.status, 200) << got.body;
+}
+
 TEST_F(billing_inbox, role_all_runs_web_worker_and_provider_in_one_process) {
   auto& all = spawn("all", {"--role", "all", "--listen", "127.0.0.1:0", "--heartbeat-ms", "200"});
   const auto provider = all.wait_line("provider listening ");
