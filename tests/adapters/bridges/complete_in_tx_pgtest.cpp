@@ -148,6 +148,18 @@ class complete_in_tx : public ::testing::TestWithParam<bridge> {
            std::to_string(c.attempt.run_lease) + ")";
   }
   long orders() { return std::stol(check_.scalar("SELECT count(*) FROM " + s("orders"))); }
+  /// A business write then complete_in_tx on a stale attempt: TN001 aborts the caller's
+  /// transaction, so the write can never commit.
+  void expect_stale_rolls_back_the_business_write(const tenure::claimed_attempt& c) {
+    auto tx = open_tx();
+    tx->begin();
+    tx->exec(insert_order(c));
+    auto r = tx->complete(c.token(), opts_);
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error(), errc::stale_attempt);
+    EXPECT_FALSE(tx->commit()) << "the aborted transaction cannot commit";
+    EXPECT_EQ(orders(), 0);
+  }
   std::string job(std::int64_t id) {
     return check_.scalar("SELECT state || ' ' || run_lease FROM " + s("jobs") + " WHERE id = $1", {std::to_string(id)});
   }
@@ -192,14 +204,7 @@ TEST_P(complete_in_tx, stale_after_rescue_aborts_the_callers_business_writes) {
   const auto c = claim_one();
   // Rescue wins first: the attempt is closed and the job available again.
   ASSERT_TRUE(store_->rescue_stale(std::chrono::microseconds{0}));
-  auto tx = open_tx();
-  tx->begin();
-  tx->exec(insert_order(c));
-  auto r = tx->complete(c.token(), opts_);
-  ASSERT_FALSE(r);
-  EXPECT_EQ(r.error(), errc::stale_attempt);
-  EXPECT_FALSE(tx->commit()) << "the aborted transaction cannot commit";
-  EXPECT_EQ(orders(), 0);
+  expect_stale_rolls_back_the_business_write(c);
   EXPECT_EQ(job(c.attempt.job_id), "available 1");
   // The next claim gets lease 2; the stale token can never finalize it.
   auto again = store_->claim("q", 1, "test");
@@ -218,14 +223,7 @@ TEST_P(complete_in_tx, stale_after_cancel_aborts_the_callers_business_writes) {
   const auto c = claim_one();
   auto cancelled = store_->cancel_job(c.attempt.job_id);
   ASSERT_TRUE(cancelled && cancelled.value());
-  auto tx = open_tx();
-  tx->begin();
-  tx->exec(insert_order(c));
-  auto r = tx->complete(c.token(), opts_);
-  ASSERT_FALSE(r);
-  EXPECT_EQ(r.error(), errc::stale_attempt);
-  EXPECT_FALSE(tx->commit()) << "the aborted transaction cannot commit";
-  EXPECT_EQ(orders(), 0);
+  expect_stale_rolls_back_the_business_write(c);
   EXPECT_EQ(job(c.attempt.job_id), "cancelled 1");
 }
 
