@@ -92,6 +92,14 @@ TEST(caller_owned_outage, permit_is_released_after_the_budget_without_any_write_
   auto id = inner->enqueue({.kind = "charge"});
   ASSERT_TRUE(id);
 
+  // Whatever fails below, the shared server is started again before the test returns: the
+  // tests that run after this one need it.
+  struct restart_guard {
+    bool armed = true;
+    ~restart_guard() {
+      if (armed) pg_script("start");
+    }
+  } restart_on_exit;
   ASSERT_TRUE(poll_until([&] { return stop_rc.load() != -2; }, 20s));
   ASSERT_EQ(stop_rc.load(), 0) << "scripts/pg stop failed";
   const std::chrono::steady_clock::time_point stopped_at{std::chrono::steady_clock::duration{stopped_ns.load()}};
@@ -107,6 +115,7 @@ TEST(caller_owned_outage, permit_is_released_after_the_budget_without_any_write_
             0)
       << "no completion or retry is written without evidence";
 
+  restart_on_exit.armed = false;
   ASSERT_EQ(pg_script("start"), 0) << "scripts/pg start failed";
   ASSERT_TRUE(poll_until([&] {
     auto j = inner->read_job(id.value());
