@@ -250,7 +250,7 @@ struct runtime_metrics {
   std::uint64_t heartbeats = 0;   ///< heartbeat statements
   std::uint64_t database_errors = 0;
   std::uint64_t reconciliations = 0;     ///< attempts whose evidence was read (caller-owned exit, doubt)
-  std::uint64_t reconcile_reads = 0;     ///< set-based evidence statements for caller-owned exits
+  std::uint64_t reconcile_reads = 0;     ///< set-based evidence statements (exits, in-doubt flushes)
   std::uint64_t protocol_warnings = 0;   ///< handler exits the durable evidence contradicted
   std::uint64_t capacity_released = 0;   ///< permits released while evidence was unreachable
   std::int64_t in_flight = 0;     ///< attempts held (running or waiting for their flush)

@@ -109,6 +109,12 @@ struct attempt_entry {
   std::shared_ptr<sdk::storage_port> store;
   /// Caps the store calls handlers make at once (keeps connections for heartbeats); may be null.
   std::shared_ptr<call_gate> store_gate;
+  /// Runs a handler-side store call `fn(store)` through the gate.
+  template <class Fn>
+  auto with_store(Fn&& fn) {
+    gate_hold hold{store_gate.get()};
+    return fn(*store);
+  }
   /// previous_progress(), once read (guarded by mu).
   bool checkpoint_read = false;
   std::optional<std::string> checkpoint;
@@ -125,8 +131,9 @@ struct attempt_entry {
   // Control-thread state.
   bool in_doubt = false;       ///< a flush carrying this completion had an unknown outcome
   bool handler_done = false;   ///< the handler returned; the outcome is being recorded
-  bool permit_held = true;     ///< its queue's capacity permit is still taken by this attempt
-  bool watching = false;       ///< permit released while the database could not answer for it
+  /// Its queue's capacity permit is still taken by this attempt. False while the entry is held
+  /// means it is being watched: released for capacity while the database could not answer.
+  bool permit_held = true;
   /// When the database last confirmed the attempt live (claim or heartbeat): with staleness,
   /// the attempt's rescue deadline.
   std::chrono::steady_clock::time_point last_live = std::chrono::steady_clock::now();

@@ -86,10 +86,10 @@ struct runtime::impl {
     entry_ptr entry;
     std::optional<std::string> progress;
   };
-  struct caller_exit;
+  struct handler_exit;
   struct pending_reconcile {
     entry_ptr entry;
-    std::shared_ptr<caller_exit> exit;
+    std::shared_ptr<handler_exit> exit;
   };
 
   impl(runtime_config c, std::shared_ptr<sdk::storage_port> s, std::shared_ptr<sdk::signal_port> sig)
@@ -308,18 +308,21 @@ struct runtime::impl {
 
   // ---- caller-owned handlers ----
 
-  /// How a caller-owned handler exited.
-  struct caller_exit {
-    enum class how { receipt, error, threw, cancelled } what = how::error;
+  /// What is known of an attempt whose evidence is to be read: how its caller-owned handler
+  /// exited, or (flushed) that the runtime's own completion flush had an unknown outcome.
+  struct handler_exit {
+    enum class how { receipt, error, threw, cancelled, flushed } what = how::error;
     std::error_code code;  ///< for error / cancelled
     std::string message;   ///< the handler's note, the exception text, or the code's message
+    std::optional<std::string> progress;  ///< flushed: the completion's final progress
   };
-  static const char* to_text(caller_exit::how h) {
+  static const char* to_text(handler_exit::how h) {
     switch (h) {
-      case caller_exit::how::receipt: return "returned a receipt";
-      case caller_exit::how::error: return "returned an error";
-      case caller_exit::how::threw: return "threw";
-      case caller_exit::how::cancelled: return "was cancelled";
+      case handler_exit::how::receipt: return "returned a receipt";
+      case handler_exit::how::error: return "returned an error";
+      case handler_exit::how::threw: return "threw";
+      case handler_exit::how::cancelled: return "was cancelled";
+      case handler_exit::how::flushed: return "completed (flush outcome unknown)";
     }
     return "exited";
   }
@@ -328,13 +331,13 @@ struct runtime::impl {
 
   void run_caller_owned(const entry_ptr& entry, const caller_owned_handler& fn) {
     asio::post(*workers, [this, entry, &fn] {
-      caller_exit exit;
+      handler_exit exit;
       {
         detail::gate_hold slot{owned_gate.get()};
         try {
           if (entry->is_cancelled()) {
             // Cancelled, rescued or abandoned while waiting for a slot: never start the handler.
-            exit.what = caller_exit::how::cancelled;
+            exit.what = handler_exit::how::cancelled;
             exit.code = make_error_code(errc::stale_attempt);
             exit.message = "cancelled before its handler started";
             throw skip_handler{};
@@ -342,31 +345,31 @@ struct runtime::impl {
           caller_owned_context ctx{entry, cfg.sql_schema};
           auto r = fn(ctx);
           if (r) {
-            exit.what = caller_exit::how::receipt;
+            exit.what = handler_exit::how::receipt;
             if (!(r.value().attempt() == entry->claim.attempt)) {
               // A receipt for another attempt proves nothing about this one: evidence decides.
               exit.message = "receipt names another attempt";
             }
           } else {
-            exit.what = entry->is_cancelled() ? caller_exit::how::cancelled : caller_exit::how::error;
+            exit.what = entry->is_cancelled() ? handler_exit::how::cancelled : handler_exit::how::error;
             exit.code = r.error();
             std::lock_guard lock(entry->mu);
             exit.message = entry->failure_note.empty() ? r.error().message() : entry->failure_note;
           }
         } catch (const skip_handler&) {
         } catch (const std::exception& e) {
-          exit.what = caller_exit::how::threw;
+          exit.what = handler_exit::how::threw;
           exit.message = std::string{"handler threw: "} + e.what();
         } catch (...) {
-          exit.what = caller_exit::how::threw;
+          exit.what = handler_exit::how::threw;
           exit.message = "handler threw a non-standard exception";
         }
       }
-      on_ctl([this, entry, exit = std::move(exit)]() mutable { on_caller_exit(entry, std::move(exit)); });
+      on_ctl([this, entry, exit = std::move(exit)]() mutable { on_handler_exit(entry, std::move(exit)); });
     });
   }
 
-  void on_caller_exit(const entry_ptr& entry, caller_exit exit) {
+  void on_handler_exit(const entry_ptr& entry, handler_exit exit) {
     --running_handlers;
     entry->handler_done = true;
     entry->done_at = steady_clock::now();
@@ -378,12 +381,12 @@ struct runtime::impl {
       release(entry);
       return;
     }
-    reconcile_caller(entry, std::make_shared<caller_exit>(std::move(exit)));
+    queue_evidence(entry, std::make_shared<handler_exit>(std::move(exit)));
   }
 
   /// Queues the attempt for reconciliation: its durable evidence is read (with others, in one
   /// set-based statement) and acted on (DESIGN.md section 6, cases 1-4).
-  void reconcile_caller(const entry_ptr& entry, std::shared_ptr<caller_exit> exit) {
+  void queue_evidence(const entry_ptr& entry, std::shared_ptr<handler_exit> exit) {
     evidence.push({entry, std::move(exit)}, stopping);
   }
 
@@ -432,12 +435,12 @@ struct runtime::impl {
           });
   }
 
-  void on_evidence(const entry_ptr& entry, const caller_exit& exit, sdk::attempt_evidence evidence) {
+  void on_evidence(const entry_ptr& entry, const handler_exit& exit, sdk::attempt_evidence evidence) {
     const auto& c = entry->claim;
     switch (evidence) {
       case sdk::attempt_evidence::completed_by_this:
         // Case 1: durable state wins, whatever the handler said.
-        if (exit.what != caller_exit::how::receipt) {
+        if (exit.what != handler_exit::how::receipt && exit.what != handler_exit::how::flushed) {
           m.protocol_warnings.fetch_add(1, std::memory_order_relaxed);
           spdlog::warn("tenure: protocol: job {} lease {} queue {} is durably completed by this attempt but its "
                        "handler {} ({}); accepting the completion",
@@ -448,15 +451,20 @@ struct runtime::impl {
         release(entry);
         return;
       case sdk::attempt_evidence::open: {
+        if (exit.what == handler_exit::how::flushed) {
+          // The in-doubt completion did not land after all: flush it again.
+          completions.push({entry, exit.progress}, stopping);
+          return;
+        }
         // Case 2: rolled back or never finalized: the ordinary retry / fail policy.
         job_outcome outcome = job_outcome::retry(exit.message);
-        if (exit.what == caller_exit::how::receipt) {
+        if (exit.what == handler_exit::how::receipt) {
           m.protocol_warnings.fetch_add(1, std::memory_order_relaxed);
           spdlog::error("tenure: protocol: job {} lease {} queue {}: the handler returned a receipt but the attempt "
                         "is still open (its transaction did not commit){}; retrying it",
                         c.attempt.job_id, c.attempt.run_lease, c.queue, exit.message.empty() ? "" : ", " + exit.message);
           outcome = job_outcome::retry("protocol error: receipt without a durable completion");
-        } else if (exit.what == caller_exit::how::error && exit.code == errc::invalid_argument) {
+        } else if (exit.what == handler_exit::how::error && exit.code == errc::invalid_argument) {
           outcome = job_outcome::fail(exit.message);
         }
         apply_outcome(entry, std::move(outcome), milliseconds{0});
@@ -496,7 +504,6 @@ struct runtime::impl {
                  c.attempt.job_id, c.attempt.run_lease, c.queue,
                  std::chrono::duration_cast<milliseconds>(now - *entry->done_at).count(),
                  entry->caller_owned ? "reconciling" : "retrying");
-    entry->watching = true;
     m.watching.fetch_add(1, std::memory_order_relaxed);
     m.capacity_released.fetch_add(1, std::memory_order_relaxed);
     release_permit(entry);
@@ -616,10 +623,10 @@ struct runtime::impl {
             // The attempt was open when its evidence was read, and closed before this write: by
             // rescue or cancel (stale), or by the caller's own transaction committing late
             // (completed). Only the evidence can tell.
-            auto exit = std::make_shared<caller_exit>();
-            exit->what = caller_exit::how::error;
+            auto exit = std::make_shared<handler_exit>();
+            exit->what = handler_exit::how::error;
             exit->message = "the attempt closed while its outcome was being recorded";
-            reconcile_caller(entry, std::move(exit));
+            queue_evidence(entry, std::move(exit));
             return;
           }
           if (r.error() == errc::stale_attempt) {
@@ -653,11 +660,11 @@ struct runtime::impl {
     const auto& c = entry->claim;
     if (in_flight.erase(c.attempt) == 0) return;
     m.in_flight.fetch_sub(1, std::memory_order_relaxed);
-    if (entry->watching) {
-      entry->watching = false;
-      m.watching.fetch_sub(1, std::memory_order_relaxed);
+    if (entry->permit_held) {
+      release_permit(entry);
+    } else {
+      m.watching.fetch_sub(1, std::memory_order_relaxed);  // its permit went earlier (check_capacity)
     }
-    release_permit(entry);
     check_idle();
   }
 
@@ -715,7 +722,11 @@ struct runtime::impl {
         emit(lifecycle_event::completed, entry->claim);
         release(entry);
       } else if (entry->in_doubt) {
-        reconcile_in_doubt(entry);
+        // An earlier flush of it had an unknown outcome: was this "stale" our own completion?
+        auto exit = std::make_shared<handler_exit>();
+        exit->what = handler_exit::how::flushed;
+        exit->progress = batch[i].progress;
+        queue_evidence(entry, std::move(exit));
       } else {
         discard_stale(entry);
       }
@@ -729,34 +740,6 @@ struct runtime::impl {
     spdlog::debug("tenure: stale completion discarded for job {} lease {} queue {}", c.attempt.job_id,
                   c.attempt.run_lease, c.queue);
     release(entry);
-  }
-
-  /// A completion whose earlier flush had an unknown outcome came back stale: was it ours?
-  void reconcile_in_doubt(const entry_ptr& entry, milliseconds backoff = milliseconds{0}) {
-    ++outstanding_ops;
-    m.reconciliations.fetch_add(1, std::memory_order_relaxed);
-    on_db([this, a = entry->claim.attempt] { return store->reconcile(a); },
-          [this, entry, backoff](result<sdk::attempt_evidence> r) {
-            --outstanding_ops;
-            if (!r) {
-              m.database_errors.fetch_add(1, std::memory_order_relaxed);
-              check_capacity(entry);
-              if (abandoning) {
-                release(entry);
-                return;
-              }
-              const auto next = next_backoff(backoff);
-              retry_later(next, [this, entry, next] { reconcile_in_doubt(entry, next); });
-              return;
-            }
-                  if (r.value() == sdk::attempt_evidence::completed_by_this) {
-              m.completed.fetch_add(1, std::memory_order_relaxed);
-              emit(lifecycle_event::completed, entry->claim);
-              release(entry);
-            } else {
-              discard_stale(entry);
-            }
-          });
   }
 
   // ---- heartbeat ----
@@ -1218,7 +1201,8 @@ std::string runtime::prometheus_text() const {
   counter("database_errors_total", "Database calls that failed.", r.database_errors);
   counter("reconciliations_total", "Durable-evidence reads after a caller-owned exit or an unknown outcome.",
           r.reconciliations);
-  counter("reconcile_reads_total", "Set-based evidence statements for caller-owned exits.", r.reconcile_reads);
+  counter("reconcile_reads_total", "Set-based evidence statements (caller-owned exits, in-doubt flushes).",
+          r.reconcile_reads);
   counter("protocol_warnings_total", "Handler exits contradicted by durable evidence.", r.protocol_warnings);
   counter("capacity_released_total", "Permits released while the database could not answer for an attempt.",
           r.capacity_released);

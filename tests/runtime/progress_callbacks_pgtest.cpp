@@ -163,6 +163,15 @@ struct callback_probe {
     std::lock_guard lock(mu);
     return i < ids.size() ? ids[i] : std::string{};
   }
+  /// ctx.register_callback(timeout), recording the id when it succeeds.
+  result<std::string> register_in(job_context& ctx, std::chrono::milliseconds timeout) {
+    auto cb = ctx.register_callback(timeout);
+    if (cb) {
+      std::lock_guard lock(mu);
+      ids.push_back(cb.value());
+    }
+    return cb;
+  }
 };
 
 TEST_F(runtime_pg, wait_for_callback_parks_holds_the_permit_and_returns_the_resume_payload) {
@@ -179,12 +188,8 @@ TEST_F(runtime_pg, wait_for_callback_parks_holds_the_permit_and_returns_the_resu
     return job_outcome::completed();
   });
   rt->handle("external", [&](job_context& ctx) {
-    auto cb = ctx.register_callback(60s);
+    auto cb = p.register_in(ctx, 60s);
     if (!cb) return job_outcome::fail("register: " + cb.error().message());
-    {
-      std::lock_guard lock(p.mu);
-      p.ids.push_back(cb.value());
-    }
     auto payload = ctx.wait_for_callback(cb.value());
     ++p.waits_returned;
     if (!payload) return job_outcome::fail("wait: " + payload.error().message());
@@ -231,12 +236,8 @@ TEST_F(runtime_pg, the_resume_notify_wakes_the_waiting_handler_before_its_next_p
   auto rt = make();
   callback_probe p;
   rt->handle("external", [&](job_context& ctx) {
-    auto cb = ctx.register_callback(60s);
+    auto cb = p.register_in(ctx, 60s);
     if (!cb) return job_outcome::fail("register");
-    {
-      std::lock_guard lock(p.mu);
-      p.ids.push_back(cb.value());
-    }
     auto payload = ctx.wait_for_callback(cb.value());
     ++p.waits_returned;
     return payload ? job_outcome::completed() : job_outcome::fail("wait");
@@ -259,12 +260,8 @@ TEST_F(runtime_pg, resume_before_the_handler_waits_returns_at_once) {
   callback_probe p;
   std::atomic<bool> go_wait{false};
   rt->handle("external", [&](job_context& ctx) {
-    auto cb = ctx.register_callback(60s);
+    auto cb = p.register_in(ctx, 60s);
     if (!cb) return job_outcome::fail("register");
-    {
-      std::lock_guard lock(p.mu);
-      p.ids.push_back(cb.value());
-    }
     while (!go_wait.load()) std::this_thread::sleep_for(1ms);
     auto payload = ctx.wait_for_callback(cb.value());
     ++p.waits_returned;
@@ -287,12 +284,8 @@ TEST_F(runtime_pg, admin_cancel_while_waiting_wakes_the_handler_with_cancellatio
   callback_probe p;
   std::atomic<long long> woke_ms{-1};
   rt->handle("external", [&](job_context& ctx) {
-    auto cb = ctx.register_callback(60s);
+    auto cb = p.register_in(ctx, 60s);
     if (!cb) return job_outcome::fail("register");
-    {
-      std::lock_guard lock(p.mu);
-      p.ids.push_back(cb.value());
-    }
     auto payload = ctx.wait_for_callback(cb.value());
     p.last_stale = !payload && payload.error() == errc::stale_attempt;
     p.cancelled_after_wait = ctx.is_cancelled();
@@ -321,12 +314,8 @@ TEST_F(runtime_pg, callback_timeout_retries_while_attempts_remain_then_fails) {
   auto rt = make();
   callback_probe p;
   rt->handle("external", [&](job_context& ctx) {
-    auto cb = ctx.register_callback(150ms);
+    auto cb = p.register_in(ctx, 150ms);
     if (!cb) return job_outcome::fail("register");
-    {
-      std::lock_guard lock(p.mu);
-      p.ids.push_back(cb.value());
-    }
     auto payload = ctx.wait_for_callback(cb.value());
     if (!payload && payload.error() == errc::stale_attempt) p.last_stale = true;
     ++p.waits_returned;
@@ -356,12 +345,8 @@ TEST_F(runtime_pg, shutdown_timeout_gives_up_on_a_waiting_handler_and_leaves_the
   callback_probe p;
   std::atomic<bool> shutting_down{false};
   rt->handle("external", [&](job_context& ctx) {
-    auto cb = ctx.register_callback(60s);
+    auto cb = p.register_in(ctx, 60s);
     if (!cb) return job_outcome::fail("register");
-    {
-      std::lock_guard lock(p.mu);
-      p.ids.push_back(cb.value());
-    }
     auto payload = ctx.wait_for_callback(cb.value());
     shutting_down = !payload && payload.error() == errc::shutting_down;
     ++p.waits_returned;
@@ -383,12 +368,8 @@ TEST_F(runtime_pg, extend_and_finish_a_waiting_attempt_from_the_cpp_client) {
   auto rt = make();
   callback_probe p;
   rt->handle("external", [&](job_context& ctx) {
-    auto cb = ctx.register_callback(1s);
+    auto cb = p.register_in(ctx, 1s);
     if (!cb) return job_outcome::fail("register");
-    {
-      std::lock_guard lock(p.mu);
-      p.ids.push_back(cb.value());
-    }
     auto payload = ctx.wait_for_callback(cb.value());
     p.last_stale = !payload && payload.error() == errc::stale_attempt;
     ++p.waits_returned;

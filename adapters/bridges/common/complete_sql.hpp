@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <spdlog/spdlog.h>
 
@@ -44,6 +45,18 @@ inline result<finalization_receipt> receipt_from(const finalization_token& token
   if (job_id != token.job_id() || run_lease != token.run_lease()) return errc::protocol_error;
   const time_point at{std::chrono::duration_cast<clock_type::duration>(std::chrono::microseconds{completed_us})};
   return detail::receipt_access::make(token.attempt(), at);
+}
+
+/// Logs why complete_job failed and returns the error: a stale attempt at info (expected), the
+/// rest at error.
+inline errc report_failure(const finalization_token& token, errc code, std::string_view detail) {
+  if (code == errc::stale_attempt) {
+    spdlog::info("tenure: complete_in_tx: job {} lease {} is stale (TN001); the caller's transaction is aborted",
+                 token.job_id(), token.run_lease());
+  } else {
+    spdlog::error("tenure: complete_in_tx for job {} lease {} failed: {}", token.job_id(), token.run_lease(), detail);
+  }
+  return code;
 }
 
 }  // namespace tenure::bridges

@@ -14,22 +14,17 @@ result<finalization_receipt> complete_in_tx(PGconn* conn, const finalization_tok
                                             const finalize_options& options) {
   TENURE_TRY(auto progress, bridges::prepare(token, options));
   if (conn == nullptr) return errc::protocol_error;
+  // Misuse of the caller's transaction is a protocol error (retryable), not bad job input: a
+  // handler with this slip must not fail every job for good.
+  auto misuse = [&](const char* why) {
+    spdlog::error("tenure: complete_in_tx for job {} lease {} {}", token.job_id(), token.run_lease(), why);
+    return errc::protocol_error;
+  };
   switch (PQtransactionStatus(conn)) {
     case PQTRANS_INTRANS: break;
-    // Misuse of the caller's transaction is a protocol error (retryable), not bad job input: a
-    // handler with this slip must not fail every job for good.
-    case PQTRANS_IDLE:
-      spdlog::error("tenure: complete_in_tx for job {} lease {} outside a transaction: BEGIN first",
-                    token.job_id(), token.run_lease());
-      return errc::protocol_error;
-    case PQTRANS_INERROR:
-      spdlog::error("tenure: complete_in_tx for job {} lease {} in an aborted transaction: roll it back",
-                    token.job_id(), token.run_lease());
-      return errc::protocol_error;
-    case PQTRANS_ACTIVE:
-      spdlog::error("tenure: complete_in_tx for job {} lease {} while a command is still running on the connection",
-                    token.job_id(), token.run_lease());
-      return errc::protocol_error;
+    case PQTRANS_IDLE: return misuse("outside a transaction: BEGIN first");
+    case PQTRANS_INERROR: return misuse("in an aborted transaction: roll it back");
+    case PQTRANS_ACTIVE: return misuse("while a command is still running on the connection");
     case PQTRANS_UNKNOWN:
     default: return errc::database_unavailable;
   }
@@ -45,15 +40,8 @@ result<finalization_receipt> complete_in_tx(PGconn* conn, const finalization_tok
       return errc::database_unavailable;
     }
     const char* state = res ? PQresultErrorField(res.get(), PG_DIAG_SQLSTATE) : nullptr;
-    const auto code = postgres::detail::errc_from_sqlstate(state ? state : "");
-    if (code == errc::stale_attempt) {
-      spdlog::info("tenure: complete_in_tx: job {} lease {} is stale (TN001); the caller's transaction is aborted",
-                   token.job_id(), token.run_lease());
-    } else {
-      spdlog::error("tenure: complete_in_tx for job {} lease {} failed: {}", token.job_id(), token.run_lease(),
-                    res ? PQresultErrorMessage(res.get()) : PQerrorMessage(conn));
-    }
-    return code;
+    return bridges::report_failure(token, postgres::detail::errc_from_sqlstate(state ? state : ""),
+                                   res ? PQresultErrorMessage(res.get()) : PQerrorMessage(conn));
   }
   if (PQntuples(res.get()) != 1 || PQgetisnull(res.get(), 0, 2)) return errc::protocol_error;
   auto num = [&](int col) { return std::strtoll(PQgetvalue(res.get(), 0, col), nullptr, 10); };

@@ -28,15 +28,7 @@ result<finalization_receipt> complete_in_tx(pqxx::transaction_base& tx, const fi
                  token.job_id(), token.run_lease(), e.what());
     return errc::database_unavailable;
   } catch (const pqxx::sql_error& e) {
-    const auto code = postgres::detail::errc_from_sqlstate(e.sqlstate());
-    if (code == errc::stale_attempt) {
-      spdlog::info("tenure: complete_in_tx: job {} lease {} is stale (TN001); the caller's transaction is aborted",
-                   token.job_id(), token.run_lease());
-    } else {
-      spdlog::error("tenure: complete_in_tx for job {} lease {} failed: {}", token.job_id(), token.run_lease(),
-                    e.what());
-    }
-    return code;
+    return bridges::report_failure(token, postgres::detail::errc_from_sqlstate(e.sqlstate()), e.what());
   } catch (const pqxx::usage_error& e) {
     spdlog::error("tenure: complete_in_tx for job {} lease {}: {}", token.job_id(), token.run_lease(), e.what());
     return errc::protocol_error;
