@@ -58,6 +58,18 @@ class callbacks : public ::testing::Test {
   std::string rescue(const std::string& stale_after) {
     return db_.scalar("SELECT " + s("rescue_stale") + "($1::interval)", {stale_after});
   }
+  /// True once `listener` received a notification whose payload is `payload` (10 s at most).
+  static bool notified(pg& listener, const std::string& payload) {
+    bool got = false;
+    return eventually([&] {
+      PQconsumeInput(listener.native());
+      while (PGnotify* n = PQnotifies(listener.native())) {
+        got = got || std::string{n->extra} == payload;
+        PQfreemem(n);
+      }
+      return got;
+    });
+  }
   template <class Cond>
   static bool eventually(Cond cond, std::chrono::milliseconds timeout = 10s) {
     const auto until = std::chrono::steady_clock::now() + timeout;
@@ -249,15 +261,7 @@ TEST_F(callbacks, admin_cancel_while_waiting_notifies_the_cancel_channel) {
   const auto id = register_cb(a);
   ASSERT_EQ(await(a, id), "waiting");
   EXPECT_EQ(db_.scalar("SELECT " + s("cancel_job") + "($1)", {a.job_id}), "t");
-  bool got = false;
-  ASSERT_TRUE(eventually([&] {
-    PQconsumeInput(listener.native());
-    while (PGnotify* n = PQnotifies(listener.native())) {
-      got = got || std::string{n->extra} == a.job_id + ":" + a.run_lease;
-      PQfreemem(n);
-    }
-    return got;
-  }));
+  EXPECT_TRUE(notified(listener, a.job_id + ":" + a.run_lease));
 }
 
 TEST_F(callbacks, resume_notifies_the_callback_channel) {
@@ -267,15 +271,7 @@ TEST_F(callbacks, resume_notifies_the_callback_channel) {
   const auto id = register_cb(a);
   ASSERT_EQ(await(a, id), "waiting");
   ASSERT_EQ(resume(id), "t");
-  bool got = false;
-  ASSERT_TRUE(eventually([&] {
-    PQconsumeInput(listener.native());
-    while (PGnotify* n = PQnotifies(listener.native())) {
-      got = got || std::string{n->extra} == a.job_id + ":" + a.run_lease;
-      PQfreemem(n);
-    }
-    return got;
-  }));
+  EXPECT_TRUE(notified(listener, a.job_id + ":" + a.run_lease));
 }
 
 TEST_F(callbacks, callback_timeout_retries_while_attempts_remain_then_fails) {
