@@ -559,4 +559,58 @@ TEST_F(cli_pg, version_and_help_go_to_stdout) {
   }
 }
 
+// ---- bench -----------------------------------------------------------------------------------
+// A benchmark measures and never asserts speed; these check that it runs end to end on the real
+// database, prints one JSON line with the figures the README quotes, and leaves no schema behind.
+
+int bench_schemas(pg& db) {
+  return std::stoi(db.exec("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'bench\\_%'").value());
+}
+
+nlohmann::json run_bench(const std::string& dsn, std::vector<std::string> args) {
+  args.insert(args.begin(), {"--database-url", dsn, "bench"});
+  const auto r = run_tenure(args);
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r;
+  return nlohmann::json::parse(r.out);
+}
+
+TEST_F(cli_pg, bench_enqueue_single_prints_both_phases_and_their_ratio) {
+  const int schemas_before = bench_schemas(*db_);
+  const auto j = run_bench(dsn_, {"--mode", "enqueue-single", "--producers", "2", "--seconds", "0.5"});
+  EXPECT_EQ(j.at("scenario"), "enqueue-single");
+  EXPECT_EQ(j.at("producers"), 2);
+  EXPECT_GT(j.at("jobs").get<long>(), 0);
+  const double drained = j.at("enqueue_jobs_per_s"), undrained = j.at("undrained_enqueue_jobs_per_s");
+  EXPECT_GT(drained, 0);
+  EXPECT_GT(undrained, 0);
+  EXPECT_NEAR(j.at("ratio_to_undrained").get<double>(), drained / undrained, 0.01);
+  EXPECT_GT(j.at("pickup_p50_ms").get<double>(), 0);
+  EXPECT_GE(j.at("pickup_p99_ms").get<double>(), j.at("pickup_p50_ms").get<double>());
+  // One producer commit per job, and the drain's claims and flushes on top of it.
+  EXPECT_GT(j.at("commits_per_job").get<double>(), 1.0);
+  EXPECT_GT(j.at("claims_per_job").get<double>(), 0);
+  EXPECT_GT(j.at("flushes_per_job").get<double>(), 0);
+  EXPECT_GT(j.at("wal_bytes_per_job").get<double>(), 0);
+  for (const char* pct : {"cpu_busy_pct", "cpu_steal_pct", "undrained_cpu_busy_pct", "undrained_cpu_steal_pct"}) {
+    EXPECT_GE(j.at(pct).get<double>(), 0) << pct;
+    EXPECT_LE(j.at(pct).get<double>(), 100) << pct;
+  }
+  EXPECT_GT(j.at("cpu_busy_pct").get<double>(), 0);
+  EXPECT_EQ(bench_schemas(*db_), schemas_before);
+}
+
+TEST_F(cli_pg, bench_runtime_drains_every_job_with_batched_commits) {
+  const int schemas_before = bench_schemas(*db_);
+  const auto j = run_bench(dsn_, {"--mode", "runtime", "--jobs", "2000", "--pickup-samples", "3"});
+  EXPECT_EQ(j.at("scenario"), "runtime");
+  EXPECT_EQ(j.at("jobs"), 2000);  // the run ends only once all of them completed
+  EXPECT_GT(j.at("drain_jobs_per_s").get<double>(), 0);
+  EXPECT_LT(j.at("commits_per_job").get<double>(), 0.5);
+  EXPECT_GT(j.at("wal_bytes_per_job").get<double>(), 0);
+  EXPECT_GE(j.at("pickup_p99_ms").get<double>(), j.at("pickup_p50_ms").get<double>());
+  EXPECT_GE(j.at("cpu_steal_pct").get<double>(), 0);
+  EXPECT_EQ(bench_schemas(*db_), schemas_before);
+}
+
 }  // namespace

@@ -126,6 +126,30 @@ void wait_for(const std::function<bool()>& done, std::chrono::seconds limit, con
   }
 }
 
+/// CPU time of the whole machine from /proc/stat, to tell how much of a phase the hypervisor
+/// took away (steal): figures from a phase with high steal are not comparable across runs.
+struct cpu_times {
+  double busy = 0, steal = 0, total = 0;
+};
+
+cpu_times read_cpu() {
+  std::ifstream stat("/proc/stat");
+  std::string cpu;
+  double user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+  stat >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
+  if (cpu != "cpu") return {};
+  const double busy = user + nice + system + irq + softirq;
+  return {busy, steal, busy + idle + iowait + steal};
+}
+
+/// Percentages of the machine's CPU between two readings: {busy, steal}.
+std::pair<double, double> cpu_share(const cpu_times& a, const cpu_times& b) {
+  const double total = b.total - a.total;
+  if (total <= 0) return {0, 0};
+  auto pct = [&](double v) { return std::round(v / total * 1000) / 10; };
+  return {pct(b.busy - a.busy), pct(b.steal - a.steal)};
+}
+
 /// Low-load pickup: one job at a time into an idle worker; from the enqueue's COMMIT returning
 /// to the handler starting.
 std::vector<double> pickup_latencies(const std::string& dsn, const std::string& schema,
@@ -159,10 +183,12 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
     last_job = ctx.job_id();
     return job_outcome::completed();
   });
+  const auto cpu0 = read_cpu();
   const auto t0 = clock::now();
   if (!rt->start()) throw std::runtime_error("bench: runtime did not start");
   wait_for([&] { return rt->metrics().completed >= static_cast<std::uint64_t>(o.jobs); }, 600s, "the drain");
   const double drain_s = seconds_since(t0);
+  const auto drain_cpu = cpu_share(cpu0, read_cpu());
   const auto drained = rt->metrics();
   rt->stop();
   rt.reset();
@@ -192,6 +218,8 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
           {"claims", drained.claims},
           {"flushes", drained.flushes},
           {"flush_max_size", drained.flush_max_size},
+          {"cpu_busy_pct", drain_cpu.first},
+          {"cpu_steal_pct", drain_cpu.second},
           {"peak_rss_mb", std::round(peak_rss_mb() * 10) / 10}};
 }
 
@@ -288,34 +316,24 @@ class notify_counter {
   std::thread thread_;
 };
 
-/// What web backends do on every request: BEGIN, a business insert, enqueue, COMMIT; with a
-/// runtime draining concurrently.
-nlohmann::json run_enqueue_single(const options& o, const std::string& schema) {
-  pg_session admin(o.dsn);
-  admin.query("CREATE TABLE " + schema + ".business (id bigserial PRIMARY KEY, note text)", {}, "bench: setup");
-  if (o.notify_always) {
-    // A waiter that never leaves: every enqueue now sends a NOTIFY.
-    admin.query("INSERT INTO " + schema + ".waiters (queue, worker, since) VALUES ('" + k_queue +
-                    "', 'bench-notify-always', 'infinity')",
-                {}, "bench: setup");
-  }
-  notify_counter notifies(o.dsn, schema);
-  std::mutex mu;
-  std::unordered_map<std::int64_t, clock::time_point> committed, started;
-  auto rt = make_runtime(o.dsn, schema, drain_config());
-  rt->handle("noop", [&](job_context& ctx) {
-    const auto now = clock::now();
-    std::lock_guard lock(mu);
-    started.emplace(ctx.job_id(), now);
-    return job_outcome::completed();
-  });
-  if (!rt->start()) throw std::runtime_error("bench: runtime did not start");
-  std::this_thread::sleep_for(200ms);
+struct producer_run {
+  long jobs = 0;
+  double seconds = 0;
+  std::pair<double, double> cpu;  ///< busy and steal percentages while the producers ran
+};
 
+/// What web backends do on every request: `producers` connections each run BEGIN, a business
+/// insert, enqueue into `queue`, COMMIT, in a loop for `seconds`. `on_commit(id, when)` sees each
+/// job once its COMMIT returned.
+template <class OnCommit>
+producer_run run_producers(const options& o, const std::string& schema, const std::string& queue,
+                           OnCommit&& on_commit) {
   std::atomic<bool> stop{false};
   std::atomic<long> total{0};
+  std::mutex err_mu;
   std::string error;
   std::vector<std::thread> producers;
+  const auto cpu0 = read_cpu();
   const auto t0 = clock::now();
   for (int p = 0; p < o.producers; ++p) {
     producers.emplace_back([&] {
@@ -337,7 +355,7 @@ nlohmann::json run_enqueue_single(const options& o, const std::string& schema) {
         const std::pair<const char*, std::string> statements[] = {
             {"b", "BEGIN"},
             {"i", "INSERT INTO " + schema + ".business (note) VALUES ('order')"},
-            {"e", "SELECT " + schema + ".enqueue('noop', '{}', '" + k_queue + "')"},
+            {"e", "SELECT " + schema + ".enqueue('noop', '{}', '" + queue + "')"},
             {"c", "COMMIT"}};
         for (const auto& [name, sql] : statements) PQclear(PQprepare(c, name, sql.c_str(), 0, nullptr));
         while (!stop.load()) {
@@ -345,13 +363,11 @@ nlohmann::json run_enqueue_single(const options& o, const std::string& schema) {
           step("i");
           const auto id = std::stoll(step("e"));
           step("c");
-          const auto now = clock::now();
           ++total;
-          std::lock_guard lock(mu);
-          committed.emplace(id, now);
+          on_commit(id, clock::now());
         }
       } catch (const std::exception& e) {
-        std::lock_guard lock(mu);
+        std::lock_guard lock(err_mu);
         error = e.what();
       }
       PQfinish(c);
@@ -360,10 +376,55 @@ nlohmann::json run_enqueue_single(const options& o, const std::string& schema) {
   std::this_thread::sleep_for(std::chrono::duration<double>(o.seconds));
   stop = true;
   for (auto& t : producers) t.join();
-  const double produce_s = seconds_since(t0);
+  producer_run out{total.load(), seconds_since(t0), cpu_share(cpu0, read_cpu())};
   if (!error.empty()) throw std::runtime_error(error);
-  wait_for([&] { return rt->metrics().completed >= static_cast<std::uint64_t>(total.load()); }, 120s, "the drain");
+  return out;
+}
+
+/// Single-job transactional enqueue, twice in one run: first with nothing draining (the
+/// machine's ceiling for this producer loop), then with a runtime draining concurrently. The
+/// ratio of the two is the drain's cost, whatever the machine's speed at the moment.
+nlohmann::json run_enqueue_single(const options& o, const std::string& schema) {
+  pg_session admin(o.dsn);
+  admin.query("CREATE TABLE " + schema + ".business (id bigserial PRIMARY KEY, note text)", {}, "bench: setup");
+  if (o.notify_always) {
+    // A waiter that never leaves: every enqueue now sends a NOTIFY.
+    admin.query("INSERT INTO " + schema + ".waiters (queue, worker, since) VALUES ('" + k_queue +
+                    "', 'bench-notify-always', 'infinity'), ('" + k_queue + "-undrained', 'bench-notify-always', 'infinity')",
+                {}, "bench: setup");
+  }
+
+  // Phase 1: the same producers into a queue nobody drains; then those rows go away again.
+  const auto undrained = run_producers(o, schema, std::string{k_queue} + "-undrained", [](std::int64_t, clock::time_point) {});
+  admin.query("DELETE FROM " + schema + ".ready WHERE queue = '" + k_queue + "-undrained'", {}, "bench: reset");
+  admin.query("VACUUM " + schema + ".ready", {}, "bench: reset");
+  admin.query("VACUUM " + schema + ".business", {}, "bench: reset");
+
+  // Phase 2: a runtime drains while the producers run.
+  notify_counter notifies(o.dsn, schema);
+  std::mutex mu;
+  std::unordered_map<std::int64_t, clock::time_point> committed, started;
+  auto rt = make_runtime(o.dsn, schema, drain_config());
+  rt->handle("noop", [&](job_context& ctx) {
+    const auto now = clock::now();
+    std::lock_guard lock(mu);
+    started.emplace(ctx.job_id(), now);
+    return job_outcome::completed();
+  });
+  if (!rt->start()) throw std::runtime_error("bench: runtime did not start");
+  std::this_thread::sleep_for(200ms);
+  settle();
+  const auto before = read_counters(admin);
+  const auto drained = run_producers(o, schema, k_queue, [&](std::int64_t id, clock::time_point when) {
+    std::lock_guard lock(mu);
+    committed.emplace(id, when);
+  });
+  wait_for([&] { return rt->metrics().completed >= static_cast<std::uint64_t>(drained.jobs); }, 120s, "the drain");
+  const auto m = rt->metrics();
   rt->stop();
+  rt.reset();
+  settle();
+  const auto after = read_counters(admin);
   std::vector<double> lat;
   {
     std::lock_guard lock(mu);
@@ -373,17 +434,38 @@ nlohmann::json run_enqueue_single(const options& o, const std::string& schema) {
       }
     }
   }
+  const double rate = std::round(drained.jobs / drained.seconds);
+  const double undrained_rate = std::round(undrained.jobs / undrained.seconds);
+  const double jobs = drained.jobs ? static_cast<double>(drained.jobs) : 1.0;
+  // Jobs per second of CPU the machine actually got (busy time over both cores, steal excluded):
+  // comparable between runs when the hypervisor takes a varying share.
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  auto per_cpu_s = [&](double r, double busy_pct) { return busy_pct > 0 ? std::round(r / (busy_pct / 100 * cores)) : 0.0; };
   return {{"scenario", o.notify_always ? "enqueue-single-notify-always" : "enqueue-single"},
           {"producers", o.producers},
-          {"notifies_per_job", total.load() ? static_cast<double>(notifies.count()) / total.load() : 0.0},
-          {"jobs", total.load()},
-          {"enqueue_jobs_per_s", std::round(total.load() / produce_s)},
+          {"notifies_per_job", static_cast<double>(notifies.count()) / jobs},
+          {"jobs", drained.jobs},
+          {"enqueue_jobs_per_s", rate},
+          // The same producer loop with nothing draining, measured first in this run.
+          {"undrained_enqueue_jobs_per_s", undrained_rate},
+          {"ratio_to_undrained", undrained_rate > 0 ? std::round(rate / undrained_rate * 100) / 100 : 0.0},
+          {"jobs_per_cpu_s", per_cpu_s(rate, drained.cpu.first)},
+          {"undrained_jobs_per_cpu_s", per_cpu_s(undrained_rate, undrained.cpu.first)},
           {"drain_jobs_per_s", nullptr},
           {"pickup_p50_ms", percentile(lat, 0.50)},
           {"pickup_p95_ms", percentile(lat, 0.95)},
           {"pickup_p99_ms", percentile(lat, 0.99)},
-          {"wal_bytes_per_job", nullptr},
-          {"commits_per_job", nullptr},
+          {"wal_bytes_per_job", std::round((after.wal_bytes - before.wal_bytes) / jobs)},
+          // Every commit in the database, the producers' own one per job included; the drain's
+          // share is what is left after that one.
+          {"commits_per_job", std::round((after.commits - before.commits) / jobs * 1000) / 1000},
+          {"drain_commits_per_job", std::round(std::max(0.0, (after.commits - before.commits) / jobs - 1) * 1000) / 1000},
+          {"claims_per_job", std::round(static_cast<double>(m.claims) / jobs * 1000) / 1000},
+          {"flushes_per_job", std::round(static_cast<double>(m.flushes) / jobs * 1000) / 1000},
+          {"cpu_busy_pct", drained.cpu.first},
+          {"cpu_steal_pct", drained.cpu.second},
+          {"undrained_cpu_busy_pct", undrained.cpu.first},
+          {"undrained_cpu_steal_pct", undrained.cpu.second},
           {"peak_rss_mb", std::round(peak_rss_mb() * 10) / 10}};
 }
 
