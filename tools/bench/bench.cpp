@@ -234,6 +234,7 @@ nlohmann::json run_sql_limit(const options& o, const std::string& schema) {
   std::vector<std::thread> threads;
   std::mutex err_mu;
   std::string error;
+  const auto cpu0 = read_cpu();
   const auto t0 = clock::now();
   for (int w = 0; w < o.workers; ++w) {
     threads.emplace_back([&] {
@@ -268,6 +269,7 @@ nlohmann::json run_sql_limit(const options& o, const std::string& schema) {
   for (auto& t : threads) t.join();
   if (!error.empty()) throw std::runtime_error(error);
   const double drain_s = seconds_since(t0);
+  const auto drain_cpu = cpu_share(cpu0, read_cpu());
   settle();
   const auto after = read_counters(admin);
   return {{"scenario", "sql-limit"},
@@ -280,6 +282,8 @@ nlohmann::json run_sql_limit(const options& o, const std::string& schema) {
           {"pickup_p99_ms", nullptr},
           {"wal_bytes_per_job", std::round((after.wal_bytes - before.wal_bytes) / o.jobs)},
           {"commits_per_job", (after.commits - before.commits) / o.jobs},
+          {"cpu_busy_pct", drain_cpu.first},
+          {"cpu_steal_pct", drain_cpu.second},
           {"peak_rss_mb", std::round(peak_rss_mb() * 10) / 10}};
 }
 
