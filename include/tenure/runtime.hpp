@@ -256,6 +256,9 @@ struct runtime_metrics {
   std::int64_t in_flight = 0;     ///< attempts held (running or waiting for their flush)
   std::int64_t permits_held = 0;  ///< capacity permits held by attempts (all queues)
   std::int64_t watching = 0;      ///< attempts past their reconcile budget: permit released, still reconciling
+  /// Completed outcomes the database has not answered for yet (queued or in a flush); after
+  /// stop(), the ones it could not flush (their attempts stay open for rescue).
+  std::int64_t pending_completions = 0;
   bool leader = false;
 };
 

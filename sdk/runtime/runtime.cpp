@@ -48,7 +48,7 @@ struct atomic_metrics {
       cancelled{0}, snoozed{0}, rescued{0}, claims{0}, flushes{0}, flushed_items{0}, flush_failures{0},
       flush_max_size{0}, flush_latency_us_total{0}, heartbeats{0}, database_errors{0}, reconciliations{0},
       protocol_warnings{0}, capacity_released{0}, reconcile_reads{0};
-  std::atomic<std::int64_t> in_flight{0}, permits_held{0}, watching{0};
+  std::atomic<std::int64_t> in_flight{0}, permits_held{0}, watching{0}, pending_completions{0};
 };
 
 std::string default_worker_id() {
@@ -453,7 +453,7 @@ struct runtime::impl {
       case sdk::attempt_evidence::open: {
         if (exit.what == handler_exit::how::flushed) {
           // The in-doubt completion did not land after all: flush it again.
-          completions.push({entry, exit.progress}, stopping);
+          push_completion({entry, exit.progress});
           return;
         }
         // Case 2: rolled back or never finalized: the ordinary retry / fail policy.
@@ -552,7 +552,7 @@ struct runtime::impl {
     if (outcome.what() == job_outcome::kind::completed) {
       std::optional<std::string> progress;
       if (outcome.progress()) progress = outcome.progress()->dump();
-      completions.push({entry, std::move(progress)}, stopping);
+      push_completion({entry, std::move(progress)});
       return;
     }
     apply_outcome(entry, std::move(outcome), milliseconds{0});
@@ -682,6 +682,13 @@ struct runtime::impl {
           });
   }
 
+  /// A completed outcome joins the batcher; it leaves it only once a flush has answered for it.
+  /// While stopping, it is flushed at once instead of after flush_delay.
+  void push_completion(pending_completion p) {
+    m.pending_completions.fetch_add(1, std::memory_order_relaxed);
+    completions.push(std::move(p), stopping);
+  }
+
   void on_flushed(std::vector<pending_completion> batch, result<std::vector<sdk::completion_result>> r,
                   steady_clock::duration took) {
     if (!r) {
@@ -705,6 +712,7 @@ struct runtime::impl {
     completions.answered();
     flush_backoff = milliseconds{0};
     const auto size = batch.size();
+    m.pending_completions.fetch_sub(static_cast<std::int64_t>(size), std::memory_order_relaxed);
     m.flushes.fetch_add(1, std::memory_order_relaxed);
     m.flushed_items.fetch_add(size, std::memory_order_relaxed);
     m.flush_latency_us_total.fetch_add(
@@ -1169,6 +1177,7 @@ runtime_metrics runtime::metrics() const {
   r.in_flight = m.in_flight;
   r.permits_held = m.permits_held;
   r.watching = m.watching;
+  r.pending_completions = m.pending_completions;
   r.leader = impl_->is_leader();
   return r;
 }
@@ -1210,6 +1219,7 @@ std::string runtime::prometheus_text() const {
   gauge("in_flight", "Attempts held by this process.", r.in_flight);
   gauge("permits_held", "Capacity permits held by attempts.", r.permits_held);
   gauge("watching", "Attempts whose permit was released while still reconciling.", r.watching);
+  gauge("pending_completions", "Completed outcomes waiting for (or in) a completion flush.", r.pending_completions);
   gauge("leader", "1 when this process runs maintenance.", r.leader ? 1 : 0);
   return out;
 }

@@ -354,6 +354,7 @@ TEST_F(runtime_pg, metrics_are_served_in_prometheus_text) {
   EXPECT_EQ(res.result_int(), 200);
   EXPECT_NE(res.body().find("tenure_completed_total 3"), std::string::npos) << res.body();
   EXPECT_NE(res.body().find("# TYPE tenure_in_flight gauge"), std::string::npos);
+  EXPECT_NE(res.body().find("tenure_pending_completions 0"), std::string::npos) << "all three were flushed";
   rt->stop();
 }
 

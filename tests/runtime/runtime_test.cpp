@@ -261,9 +261,13 @@ TEST_F(runtime_unit, stop_flushes_every_pending_completion_at_once) {
   });
   ASSERT_TRUE(rt->start());
   ASSERT_TRUE(eventually([&] { return returned.load() == 20; }));
+  // A handler counts itself before its outcome reaches the runtime; wait for all 20 outcomes.
+  ASSERT_TRUE(eventually([&] { return rt->metrics().pending_completions == 20; }));
   EXPECT_EQ(rt->metrics().completed, 0u) << "nothing flushed yet";
+  EXPECT_EQ(faulty_->calls(op::complete), 0);
   rt->stop();
   EXPECT_EQ(rt->metrics().completed, 20u);
+  EXPECT_EQ(rt->metrics().pending_completions, 0);
   EXPECT_EQ(faulty_->calls(op::complete), 1);
 }
 

@@ -563,8 +563,11 @@ TEST_F(cli_pg, version_and_help_go_to_stdout) {
 // A benchmark measures and never asserts speed; these check that it runs end to end on the real
 // database, prints one JSON line with the figures the README quotes, and leaves no schema behind.
 
-int bench_schemas(pg& db) {
-  return std::stoi(db.exec("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'bench\\_%'").value());
+/// Whether the schema a bench run named still exists (other tests may run benches meanwhile).
+bool schema_exists(pg& db, const nlohmann::json& bench) {
+  const std::string name = bench.at("schema");
+  EXPECT_TRUE(std::regex_match(name, std::regex{"bench_[0-9a-f]+"})) << name;
+  return db.exec("SELECT 1 FROM pg_namespace WHERE nspname = '" + name + "'").has_value();
 }
 
 nlohmann::json run_bench(const std::string& dsn, std::vector<std::string> args) {
@@ -576,7 +579,6 @@ nlohmann::json run_bench(const std::string& dsn, std::vector<std::string> args) 
 }
 
 TEST_F(cli_pg, bench_enqueue_single_prints_both_phases_and_their_ratio) {
-  const int schemas_before = bench_schemas(*db_);
   const auto j = run_bench(dsn_, {"--mode", "enqueue-single", "--producers", "2", "--seconds", "0.5"});
   EXPECT_EQ(j.at("scenario"), "enqueue-single");
   EXPECT_EQ(j.at("producers"), 2);
@@ -597,11 +599,11 @@ TEST_F(cli_pg, bench_enqueue_single_prints_both_phases_and_their_ratio) {
     EXPECT_LE(j.at(pct).get<double>(), 100) << pct;
   }
   EXPECT_GT(j.at("cpu_busy_pct").get<double>(), 0);
-  EXPECT_EQ(bench_schemas(*db_), schemas_before);
+  EXPECT_EQ(j.at("schema_kept"), false);
+  EXPECT_FALSE(schema_exists(*db_, j)) << "the bench schema is dropped after the run";
 }
 
 TEST_F(cli_pg, bench_runtime_drains_every_job_with_batched_commits) {
-  const int schemas_before = bench_schemas(*db_);
   const auto j = run_bench(dsn_, {"--mode", "runtime", "--jobs", "2000", "--pickup-samples", "3"});
   EXPECT_EQ(j.at("scenario"), "runtime");
   EXPECT_EQ(j.at("jobs"), 2000);  // the run ends only once all of them completed
@@ -610,7 +612,18 @@ TEST_F(cli_pg, bench_runtime_drains_every_job_with_batched_commits) {
   EXPECT_GT(j.at("wal_bytes_per_job").get<double>(), 0);
   EXPECT_GE(j.at("pickup_p99_ms").get<double>(), j.at("pickup_p50_ms").get<double>());
   EXPECT_GE(j.at("cpu_steal_pct").get<double>(), 0);
-  EXPECT_EQ(bench_schemas(*db_), schemas_before);
+  EXPECT_EQ(j.at("schema_kept"), false);
+  EXPECT_FALSE(schema_exists(*db_, j)) << "the bench schema is dropped after the run";
+}
+
+TEST_F(cli_pg, bench_keep_schema_leaves_the_named_schema_for_inspection) {
+  const auto j = run_bench(dsn_, {"--mode", "sql-limit", "--jobs", "300", "--keep-schema"});
+  EXPECT_EQ(j.at("completed"), 300);
+  EXPECT_EQ(j.at("schema_kept"), true);
+  ASSERT_TRUE(schema_exists(*db_, j));
+  const std::string schema = j.at("schema");
+  EXPECT_EQ(db_->exec("SELECT count(*) FROM " + schema + ".done WHERE state = 'completed'"), "300");
+  db_->exec("DROP SCHEMA " + schema + " CASCADE");
 }
 
 }  // namespace

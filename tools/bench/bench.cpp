@@ -618,6 +618,9 @@ nlohmann::json run(const options& o) {
     throw;
   }
   if (!o.keep_schema) pg_session(o.dsn).query("DROP SCHEMA " + schema + " CASCADE", {}, "bench: cleanup");
+  // Which schema the run used: the one to inspect with --keep-schema (dropped otherwise).
+  result["schema"] = schema;
+  result["schema_kept"] = o.keep_schema;
   return result;
 }
 
