@@ -380,7 +380,6 @@ TEST_F(runtime_unit, a_released_permit_lets_other_jobs_run_while_the_watcher_kee
 
 TEST_F(runtime_unit, a_caller_owned_attempt_cancelled_while_waiting_for_a_slot_never_runs_its_handler) {
   const auto first = enqueue("charge");
-  const auto second = enqueue("charge");
   auto c = config();
   c.max_caller_owned = 1;  // the second attempt waits for the first's slot
   auto rt = make(c);
@@ -389,8 +388,9 @@ TEST_F(runtime_unit, a_caller_owned_attempt_cancelled_while_waiting_for_a_slot_n
   bool release_first = false;
   std::atomic<int> runs_of_second{0};
   std::atomic<bool> first_running{false};
+  std::atomic<std::int64_t> second{0};  // enqueued once the first holds the slot
   rt->handle_caller_owned("charge", [&](caller_owned_context& ctx) -> result<finalization_receipt> {
-    if (ctx.job_id() == second) {
+    if (ctx.job_id() == second.load()) {
       ++runs_of_second;
       return make_error_code(errc::database_unavailable);
     }
@@ -400,8 +400,11 @@ TEST_F(runtime_unit, a_caller_owned_attempt_cancelled_while_waiting_for_a_slot_n
     return make_error_code(errc::database_unavailable);
   });
   ASSERT_TRUE(rt->start());
-  ASSERT_TRUE(eventually([&] { return first_running.load() && rt->metrics().in_flight == 2; }));
-  ASSERT_TRUE(inner_->cancel_job(second).value());
+  // The first holds the only slot before the second exists, so the second is the one waiting.
+  ASSERT_TRUE(eventually([&] { return first_running.load(); }));
+  second = enqueue("charge");
+  ASSERT_TRUE(eventually([&] { return rt->metrics().in_flight == 2; }));
+  ASSERT_TRUE(inner_->cancel_job(second.load()).value());
   rt->heartbeat_now();  // finds the second attempt gone and cancels it
   {
     std::lock_guard lock(mu);
@@ -410,7 +413,7 @@ TEST_F(runtime_unit, a_caller_owned_attempt_cancelled_while_waiting_for_a_slot_n
   cv.notify_all();
   ASSERT_TRUE(eventually([&] { return rt->wait_idle(10ms); }));
   EXPECT_EQ(runs_of_second.load(), 0) << "a cancelled attempt never starts its handler";
-  EXPECT_EQ(state(second), job_state::cancelled);
+  EXPECT_EQ(state(second.load()), job_state::cancelled);
   EXPECT_EQ(rt->metrics().stale_rejected, 1u);
   EXPECT_NE(state(first), job_state::running) << "the first attempt was settled by the policy";
   rt->stop();
