@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <mutex>
 #include <random>
@@ -126,29 +127,43 @@ void wait_for(const std::function<bool()>& done, std::chrono::seconds limit, con
   }
 }
 
-/// CPU time of the whole machine from /proc/stat, to tell how much of a phase the hypervisor
-/// took away (steal): figures from a phase with high steal are not comparable across runs.
-struct cpu_times {
-  double busy = 0, steal = 0, total = 0;
+/// Rounds to `decimals` places, for printing.
+double rounded(double v, int decimals) {
+  const double scale = std::pow(10.0, decimals);
+  return std::round(v * scale) / scale;
+}
+
+/// Shares of the whole machine's CPU, in percent.
+struct cpu_share {
+  double busy_pct = 0;
+  double steal_pct = 0;  ///< taken by the hypervisor: a phase with high steal is not comparable
 };
 
-cpu_times read_cpu() {
-  std::ifstream stat("/proc/stat");
-  std::string cpu;
-  double user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
-  stat >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
-  if (cpu != "cpu") return {};
-  const double busy = user + nice + system + irq + softirq;
-  return {busy, steal, busy + idle + iowait + steal};
-}
+/// Measures the machine's CPU (from /proc/stat) from its construction to share().
+class cpu_meter {
+ public:
+  cpu_share share() const {
+    const auto now = read();
+    const double total = now.total - start_.total;
+    if (total <= 0) return {};
+    return {rounded((now.busy - start_.busy) / total * 100, 1), rounded((now.steal - start_.steal) / total * 100, 1)};
+  }
 
-/// Percentages of the machine's CPU between two readings: {busy, steal}.
-std::pair<double, double> cpu_share(const cpu_times& a, const cpu_times& b) {
-  const double total = b.total - a.total;
-  if (total <= 0) return {0, 0};
-  auto pct = [&](double v) { return std::round(v / total * 1000) / 10; };
-  return {pct(b.busy - a.busy), pct(b.steal - a.steal)};
-}
+ private:
+  struct times {
+    double busy = 0, steal = 0, total = 0;
+  };
+  static times read() {
+    std::ifstream stat("/proc/stat");
+    std::string cpu;
+    double user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+    stat >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
+    if (cpu != "cpu") return {};
+    const double busy = user + nice + system + irq + softirq;
+    return {busy, steal, busy + idle + iowait + steal};
+  }
+  times start_ = read();
+};
 
 /// Low-load pickup: one job at a time into an idle worker; from the enqueue's COMMIT returning
 /// to the handler starting.
@@ -183,12 +198,12 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
     last_job = ctx.job_id();
     return job_outcome::completed();
   });
-  const auto cpu0 = read_cpu();
+  const cpu_meter cpu;
   const auto t0 = clock::now();
   if (!rt->start()) throw std::runtime_error("bench: runtime did not start");
   wait_for([&] { return rt->metrics().completed >= static_cast<std::uint64_t>(o.jobs); }, 600s, "the drain");
   const double drain_s = seconds_since(t0);
-  const auto drain_cpu = cpu_share(cpu0, read_cpu());
+  const auto drain_cpu = cpu.share();
   const auto drained = rt->metrics();
   rt->stop();
   rt.reset();
@@ -218,9 +233,9 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
           {"claims", drained.claims},
           {"flushes", drained.flushes},
           {"flush_max_size", drained.flush_max_size},
-          {"cpu_busy_pct", drain_cpu.first},
-          {"cpu_steal_pct", drain_cpu.second},
-          {"peak_rss_mb", std::round(peak_rss_mb() * 10) / 10}};
+          {"cpu_busy_pct", drain_cpu.busy_pct},
+          {"cpu_steal_pct", drain_cpu.steal_pct},
+          {"peak_rss_mb", rounded(peak_rss_mb(), 1)}};
 }
 
 /// The leanest plain-SQL loop on the same schema: claim 100, complete them with one guarded
@@ -234,7 +249,7 @@ nlohmann::json run_sql_limit(const options& o, const std::string& schema) {
   std::vector<std::thread> threads;
   std::mutex err_mu;
   std::string error;
-  const auto cpu0 = read_cpu();
+  const cpu_meter cpu;
   const auto t0 = clock::now();
   for (int w = 0; w < o.workers; ++w) {
     threads.emplace_back([&] {
@@ -269,7 +284,7 @@ nlohmann::json run_sql_limit(const options& o, const std::string& schema) {
   for (auto& t : threads) t.join();
   if (!error.empty()) throw std::runtime_error(error);
   const double drain_s = seconds_since(t0);
-  const auto drain_cpu = cpu_share(cpu0, read_cpu());
+  const auto drain_cpu = cpu.share();
   settle();
   const auto after = read_counters(admin);
   return {{"scenario", "sql-limit"},
@@ -282,9 +297,9 @@ nlohmann::json run_sql_limit(const options& o, const std::string& schema) {
           {"pickup_p99_ms", nullptr},
           {"wal_bytes_per_job", std::round((after.wal_bytes - before.wal_bytes) / o.jobs)},
           {"commits_per_job", (after.commits - before.commits) / o.jobs},
-          {"cpu_busy_pct", drain_cpu.first},
-          {"cpu_steal_pct", drain_cpu.second},
-          {"peak_rss_mb", std::round(peak_rss_mb() * 10) / 10}};
+          {"cpu_busy_pct", drain_cpu.busy_pct},
+          {"cpu_steal_pct", drain_cpu.steal_pct},
+          {"peak_rss_mb", rounded(peak_rss_mb(), 1)}};
 }
 
 /// Counts the NOTIFYs sent on the schema's wake channel while it runs.
@@ -323,7 +338,7 @@ class notify_counter {
 struct producer_run {
   long jobs = 0;
   double seconds = 0;
-  std::pair<double, double> cpu;  ///< busy and steal percentages while the producers ran
+  cpu_share cpu;  ///< while the producers ran
 };
 
 /// What web backends do on every request: `producers` connections each run BEGIN, a business
@@ -337,7 +352,7 @@ producer_run run_producers(const options& o, const std::string& schema, const st
   std::mutex err_mu;
   std::string error;
   std::vector<std::thread> producers;
-  const auto cpu0 = read_cpu();
+  const cpu_meter cpu;
   const auto t0 = clock::now();
   for (int p = 0; p < o.producers; ++p) {
     producers.emplace_back([&] {
@@ -380,7 +395,7 @@ producer_run run_producers(const options& o, const std::string& schema, const st
   std::this_thread::sleep_for(std::chrono::duration<double>(o.seconds));
   stop = true;
   for (auto& t : producers) t.join();
-  producer_run out{total.load(), seconds_since(t0), cpu_share(cpu0, read_cpu())};
+  producer_run out{total.load(), seconds_since(t0), cpu.share()};
   if (!error.empty()) throw std::runtime_error(error);
   return out;
 }
@@ -416,8 +431,7 @@ nlohmann::json run_enqueue_single(const options& o, const std::string& schema) {
     return job_outcome::completed();
   });
   if (!rt->start()) throw std::runtime_error("bench: runtime did not start");
-  std::this_thread::sleep_for(200ms);
-  settle();
+  settle();  // the runtime is polling, and earlier backends have published their counters
   const auto before = read_counters(admin);
   const auto drained = run_producers(o, schema, k_queue, [&](std::int64_t id, clock::time_point when) {
     std::lock_guard lock(mu);
@@ -441,10 +455,11 @@ nlohmann::json run_enqueue_single(const options& o, const std::string& schema) {
   const double rate = std::round(drained.jobs / drained.seconds);
   const double undrained_rate = std::round(undrained.jobs / undrained.seconds);
   const double jobs = drained.jobs ? static_cast<double>(drained.jobs) : 1.0;
+  const double commits_per_job = (after.commits - before.commits) / jobs;
   // Jobs per second of CPU the machine actually got (busy time over both cores, steal excluded):
   // comparable between runs when the hypervisor takes a varying share.
   const double cores = std::max(1u, std::thread::hardware_concurrency());
-  auto per_cpu_s = [&](double r, double busy_pct) { return busy_pct > 0 ? std::round(r / (busy_pct / 100 * cores)) : 0.0; };
+  auto per_cpu_s = [&](double r, const cpu_share& c) { return c.busy_pct > 0 ? std::round(r / (c.busy_pct / 100 * cores)) : 0.0; };
   return {{"scenario", o.notify_always ? "enqueue-single-notify-always" : "enqueue-single"},
           {"producers", o.producers},
           {"notifies_per_job", static_cast<double>(notifies.count()) / jobs},
@@ -452,9 +467,9 @@ nlohmann::json run_enqueue_single(const options& o, const std::string& schema) {
           {"enqueue_jobs_per_s", rate},
           // The same producer loop with nothing draining, measured first in this run.
           {"undrained_enqueue_jobs_per_s", undrained_rate},
-          {"ratio_to_undrained", undrained_rate > 0 ? std::round(rate / undrained_rate * 100) / 100 : 0.0},
-          {"jobs_per_cpu_s", per_cpu_s(rate, drained.cpu.first)},
-          {"undrained_jobs_per_cpu_s", per_cpu_s(undrained_rate, undrained.cpu.first)},
+          {"ratio_to_undrained", undrained_rate > 0 ? rounded(rate / undrained_rate, 2) : 0.0},
+          {"jobs_per_cpu_s", per_cpu_s(rate, drained.cpu)},
+          {"undrained_jobs_per_cpu_s", per_cpu_s(undrained_rate, undrained.cpu)},
           {"drain_jobs_per_s", nullptr},
           {"pickup_p50_ms", percentile(lat, 0.50)},
           {"pickup_p95_ms", percentile(lat, 0.95)},
@@ -462,15 +477,15 @@ nlohmann::json run_enqueue_single(const options& o, const std::string& schema) {
           {"wal_bytes_per_job", std::round((after.wal_bytes - before.wal_bytes) / jobs)},
           // Every commit in the database, the producers' own one per job included; the drain's
           // share is what is left after that one.
-          {"commits_per_job", std::round((after.commits - before.commits) / jobs * 1000) / 1000},
-          {"drain_commits_per_job", std::round(std::max(0.0, (after.commits - before.commits) / jobs - 1) * 1000) / 1000},
-          {"claims_per_job", std::round(static_cast<double>(m.claims) / jobs * 1000) / 1000},
-          {"flushes_per_job", std::round(static_cast<double>(m.flushes) / jobs * 1000) / 1000},
-          {"cpu_busy_pct", drained.cpu.first},
-          {"cpu_steal_pct", drained.cpu.second},
-          {"undrained_cpu_busy_pct", undrained.cpu.first},
-          {"undrained_cpu_steal_pct", undrained.cpu.second},
-          {"peak_rss_mb", std::round(peak_rss_mb() * 10) / 10}};
+          {"commits_per_job", rounded(commits_per_job, 3)},
+          {"drain_commits_per_job", rounded(std::max(0.0, commits_per_job - 1), 3)},
+          {"claims_per_job", rounded(static_cast<double>(m.claims) / jobs, 3)},
+          {"flushes_per_job", rounded(static_cast<double>(m.flushes) / jobs, 3)},
+          {"cpu_busy_pct", drained.cpu.busy_pct},
+          {"cpu_steal_pct", drained.cpu.steal_pct},
+          {"undrained_cpu_busy_pct", undrained.cpu.busy_pct},
+          {"undrained_cpu_steal_pct", undrained.cpu.steal_pct},
+          {"peak_rss_mb", rounded(peak_rss_mb(), 1)}};
 }
 
 /// One libpq connection per handler thread, for the caller's own transactions.
@@ -570,19 +585,18 @@ nlohmann::json run_caller_owned(const options& o, const std::string& schema) {
   auto rows = admin.query("SELECT count(*) FROM " + schema + ".bench_orders", {}, "bench: check");
   if (std::stol(*rows.at(0).at(0)) != o.jobs) throw std::runtime_error("bench: business rows != jobs");
 
-  auto round2 = [](double v) { return std::round(v * 100) / 100; };
   return {{"scenario", "caller-owned"},
           {"jobs", o.jobs},
           {"handler_threads", o.producers},
           {"batched_drain_jobs_per_s", std::round(o.jobs / batched_s)},
           {"caller_owned_drain_jobs_per_s", std::round(o.jobs / owned_s)},
-          {"caller_owned_vs_batched", round2(batched_s / owned_s)},
+          {"caller_owned_vs_batched", rounded(batched_s / owned_s, 2)},
           {"batched_wal_bytes_per_job", std::round(batched_wal)},
           {"caller_owned_wal_bytes_per_job", std::round(owned_wal)},
-          {"batched_commits_per_job", round2(batched_commits)},
-          {"caller_owned_commits_per_job", round2(owned_commits)},
+          {"batched_commits_per_job", rounded(batched_commits, 2)},
+          {"caller_owned_commits_per_job", rounded(owned_commits, 2)},
           {"caller_owned_handler_failures", failures.load()},
-          {"peak_rss_mb", std::round(peak_rss_mb() * 10) / 10}};
+          {"peak_rss_mb", rounded(peak_rss_mb(), 1)}};
 }
 
 }  // namespace
