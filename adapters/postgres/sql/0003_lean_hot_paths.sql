@@ -1,4 +1,4 @@
--- tenure migration 3: claim and completion do less work per job. Same contract, same
+-- tenure migration 3: claim, completion and heartbeats do less work per job. Same contract, same
 -- results, same locks; only the statements' shapes and plans change. Instructions per job
 -- before and after are measured by bench/sql_cost (README, "Server work per job").
 --
@@ -6,8 +6,9 @@
 --   queue's hard deadline is read once per claim instead of joined to every row. That shape
 --   plans the same for any batch size, so the function keeps one generic plan instead of
 --   planning the statement (and copying the plan) on every call, as custom plans did.
--- complete_batch: receipts are found through their primary key (job_id = ANY(job_ids)).
--- Neither function reads a table sequentially (enable_seqscan = off, set on the functions, so it
+-- complete_batch, heartbeat_batch: receipts are found through their primary key
+--   (job_id = ANY(job_ids)).
+-- None of them reads a table sequentially (enable_seqscan = off, set on the functions, so it
 -- applies to their own statements only): between two vacuums ready and receipts still hold every
 -- row moved out since the last one, and a sequential scan's cost grows with them, while a plan
 -- cached when the table was small would keep choosing one.
@@ -102,6 +103,35 @@ BEGIN
          coalesce(c.final_progress, c.progress)
     FROM closed c
   RETURNING id, run_lease, finalized_at;
+END $$;
+
+-- Heartbeats for every in-flight attempt, once per interval: the same key probe as completion.
+CREATE OR REPLACE FUNCTION @schema@.heartbeat_batch(job_ids bigint[], run_leases bigint[],
+                                                    progress jsonb[] DEFAULT NULL)
+RETURNS TABLE(job_id bigint, run_lease bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
+#variable_conflict use_column
+BEGIN
+  IF cardinality(job_ids) IS DISTINCT FROM cardinality(run_leases)
+     OR (heartbeat_batch.progress IS NOT NULL
+         AND cardinality(heartbeat_batch.progress) IS DISTINCT FROM cardinality(job_ids)) THEN
+    RAISE EXCEPTION 'tenure.heartbeat_batch: arrays must have the same length' USING ERRCODE = '22023';
+  END IF;
+  RETURN QUERY
+  WITH input AS (
+    SELECT DISTINCT ON (u.job_id, u.run_lease) u.job_id, u.run_lease, u.progress
+      FROM unnest(job_ids, run_leases, heartbeat_batch.progress) AS u(job_id, run_lease, progress)
+     ORDER BY u.job_id, u.run_lease, u.progress IS NULL
+  )
+  INSERT INTO @schema@.attempt_state AS s (job_id, run_lease, heartbeat_at, progress)
+  SELECT r.job_id, r.run_lease, now(), i.progress
+    FROM @schema@.receipts r JOIN input i ON i.job_id = r.job_id AND i.run_lease = r.run_lease
+   WHERE r.job_id = ANY (heartbeat_batch.job_ids)
+   ORDER BY r.job_id
+  ON CONFLICT (job_id, run_lease) DO UPDATE
+    SET heartbeat_at = excluded.heartbeat_at, progress = coalesce(excluded.progress, s.progress)
+  RETURNING s.job_id, s.run_lease;
 END $$;
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA @schema@ FROM PUBLIC;

@@ -397,11 +397,11 @@ TEST_F(sql_contract, concurrent_claimers_never_share_a_job) {
   EXPECT_EQ(std::set<std::string>(seen.begin(), seen.end()).size(), static_cast<std::size_t>(n));
 }
 
-// Claim and completion must cost per job, not per row left in the table: between vacuums,
+// Claim, heartbeats and completion must cost per job, not per row left in the table: between vacuums,
 // ready's and receipts' heaps still hold every row moved out since the last one. Small,
 // freshly analyzed tables are where the planner likes sequential scans best, so this is the
 // case to check. The statistics of the current transaction count every scan the functions did.
-TEST_F(sql_contract, claim_and_completion_reach_rows_by_index_never_by_scanning_the_table) {
+TEST_F(sql_contract, claim_heartbeat_and_completion_reach_rows_by_index_never_by_scanning_the_table) {
   db_.exec("SELECT " + s("enqueue_batch") +
            "(array_fill('k'::text, ARRAY[300]), array_fill('{}'::jsonb, ARRAY[300]), "
            "array_fill('default'::text, ARRAY[300]), array_fill(2, ARRAY[300]))");
@@ -418,16 +418,19 @@ TEST_F(sql_contract, claim_and_completion_reach_rows_by_index_never_by_scanning_
       ids += (i ? "," : "") + *got.rows[i][0];
       leases += (i ? "," : "") + *got.rows[i][1];
     }
+    auto beat = db_.exec("SELECT count(*) FROM " + s("heartbeat_batch") + "($1::bigint[], $2::bigint[])",
+                         {ids + "}", leases + "}"});
+    EXPECT_EQ(*beat.rows[0][0], "20") << "round " << round;
     auto done = db_.exec("SELECT count(*) FROM " + s("complete_batch") + "($1::bigint[], $2::bigint[])",
                          {ids + "}", leases + "}"});
     EXPECT_EQ(*done.rows[0][0], "20") << "round " << round;
   }
   auto scans = db_.exec(
       "SELECT relname, seq_scan FROM pg_stat_xact_user_tables WHERE schemaname = $1 "
-      "AND relname IN ('ready', 'receipts', 'done') ORDER BY relname",
+      "AND relname IN ('ready', 'receipts', 'done', 'attempt_state') ORDER BY relname",
       {schema_.name()});
   db_.exec("COMMIT");
-  ASSERT_EQ(scans.rows.size(), 3u);
+  ASSERT_EQ(scans.rows.size(), 4u);
   for (const auto& row : scans.rows) EXPECT_EQ(*row[1], "0") << "sequential scans of " << *row[0];
   EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("done")), "120");
 }
