@@ -2,6 +2,10 @@
 /// \file
 /// The migrations embedded in the library (generated from sql/*.sql at build time).
 #include <span>
+#include <string>
+#include <string_view>
+
+#include "tenure/result.hpp"
 
 namespace tenure::postgres::detail {
 
@@ -12,5 +16,8 @@ struct migration {
 };
 
 std::span<const migration> embedded_migrations() noexcept;
+
+/// migrate(), stopping after migration `up_to`: how the upgrade tests install an older version.
+result<int> migrate_up_to(std::string_view dsn, std::string_view schema, int up_to, std::string* detail);
 
 }  // namespace tenure::postgres::detail

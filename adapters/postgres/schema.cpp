@@ -70,6 +70,10 @@ result<int> installed_schema_version(std::string_view dsn, std::string_view sche
 }
 
 result<int> migrate(std::string_view dsn, std::string_view schema, std::string* detail) {
+  return detail::migrate_up_to(dsn, schema, known_schema_version(), detail);
+}
+
+result<int> detail::migrate_up_to(std::string_view dsn, std::string_view schema, int up_to, std::string* detail) {
   TENURE_TRY(auto c, connect_checked(dsn, schema, detail));
   const std::string s{schema};
   const int known = known_schema_version();
@@ -101,7 +105,7 @@ result<int> migrate(std::string_view dsn, std::string_view schema, std::string* 
     return errc::schema_mismatch;
   }
   for (const auto& m : detail::embedded_migrations()) {
-    if (m.version <= before.value()) continue;
+    if (m.version <= before.value() || m.version > up_to) continue;
     auto applied = c->exec_script(render(m, s), effect::write, detail);
     if (applied) {
       applied = c->exec_script("INSERT INTO " + s + ".schema_version (version, name) VALUES (" +
