@@ -50,6 +50,12 @@ std::string rebuild(const std::string& dsn, const std::string* user) {
 std::string dsn_with_user(const std::string& dsn, const std::string& user) { return rebuild(dsn, &user); }
 std::string keyword_dsn(const std::string& dsn) { return rebuild(dsn, nullptr); }
 
+std::string array_literal(const sql_result& r, std::size_t col) {
+  std::string out = "{";
+  for (std::size_t i = 0; i < r.rows.size(); ++i) out += (i ? "," : "") + r.at(i, col);
+  return out + "}";
+}
+
 std::string random_suffix() {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
   static const char* hex = "0123456789abcdef";

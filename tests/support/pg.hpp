@@ -31,6 +31,10 @@ struct sql_result {
   const std::string& at(std::size_t row, std::size_t col) const;  ///< throws on NULL
 };
 
+/// Column `col` of every row as a PostgreSQL array literal ("{1,2,3}"), to pass back as a
+/// parameter (e.g. claimed job ids to complete_batch). Throws on NULL.
+std::string array_literal(const sql_result& r, std::size_t col);
+
 /// One libpq connection for test SQL. Not thread-safe (one per thread).
 class pg {
  public:

@@ -413,17 +413,14 @@ TEST_F(sql_contract, claim_heartbeat_and_completion_reach_rows_by_index_never_by
   for (int round = 0; round < 6; ++round) {  // past plpgsql's first five (custom) plans
     auto got = db_.exec("SELECT job_id, run_lease FROM " + s("claim_attempts") + "('default', 20, 'w')");
     ASSERT_EQ(got.rows.size(), 20u) << "round " << round;
-    std::string ids = "{", leases = "{";
-    for (std::size_t i = 0; i < got.rows.size(); ++i) {
-      ids += (i ? "," : "") + *got.rows[i][0];
-      leases += (i ? "," : "") + *got.rows[i][1];
-    }
-    auto beat = db_.exec("SELECT count(*) FROM " + s("heartbeat_batch") + "($1::bigint[], $2::bigint[])",
-                         {ids + "}", leases + "}"});
-    EXPECT_EQ(*beat.rows[0][0], "20") << "round " << round;
-    auto done = db_.exec("SELECT count(*) FROM " + s("complete_batch") + "($1::bigint[], $2::bigint[])",
-                         {ids + "}", leases + "}"});
-    EXPECT_EQ(*done.rows[0][0], "20") << "round " << round;
+    const std::vector<tenure::test::cell> attempts{tenure::test::array_literal(got, 0),
+                                                   tenure::test::array_literal(got, 1)};
+    EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("heartbeat_batch") + "($1::bigint[], $2::bigint[])", attempts),
+              "20")
+        << "round " << round;
+    EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("complete_batch") + "($1::bigint[], $2::bigint[])", attempts),
+              "20")
+        << "round " << round;
   }
   auto scans = db_.exec(
       "SELECT relname, seq_scan FROM pg_stat_xact_user_tables WHERE schemaname = $1 "

@@ -12,11 +12,19 @@ using tenure::test::pg;
 
 namespace {
 
-std::string array_of(const std::vector<std::string>& v) {
-  std::string out = "{";
-  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + v[i];
-  return out + "}";
-}
+// Drops the test's schema and role however the test ends (roles outlive the database's schemas).
+struct cleanup {
+  std::string dsn, schema, role;
+  ~cleanup() {
+    try {
+      pg c{dsn};
+      c.query("DROP SCHEMA IF EXISTS " + schema + " CASCADE");
+      c.query("DROP ROLE IF EXISTS " + role);
+    } catch (...) {
+      // Best effort, as scoped_schema.
+    }
+  }
+};
 
 // Installs version `from`, opens two attempts through that version's functions (and grants a
 // role one of them), upgrades to the latest, then finishes the work through the new functions.
@@ -25,6 +33,7 @@ void upgrade_keeps_open_attempts_and_their_guards(int from) {
   const std::string dsn = tenure::test::test_dsn();
   const std::string schema = "upg" + std::to_string(from) + "_" + tenure::test::random_suffix();
   const std::string role = schema + "_worker";
+  const cleanup drop{dsn, schema, role};
   pg db{dsn};
   std::string why;
   auto older = tenure::postgres::detail::migrate_up_to(dsn, schema, from, &why);
@@ -51,28 +60,23 @@ void upgrade_keeps_open_attempts_and_their_guards(int from) {
   EXPECT_EQ(*fresh.rows[0][1], "1");
   as_role.exec("RESET ROLE");
 
-  // Attempts opened before the upgrade heartbeat and complete through the new functions; a
-  // pair with a lease that was never handed out is stale and changes nothing.
-  std::vector<std::string> ids, leases;
-  for (const auto& row : open.rows) {
-    ids.push_back(*row[0]);
-    leases.push_back(*row[1]);
-  }
-  ids.push_back(*fresh.rows[0][0]);
-  leases.push_back(*fresh.rows[0][1]);
-  EXPECT_EQ(db.scalar("SELECT count(*) FROM " + schema + ".heartbeat_batch($1::bigint[], $2::bigint[])",
-                      {array_of(ids), array_of(leases)}),
+  // Attempts opened before the upgrade heartbeat and complete through the new functions, with
+  // the one opened after it; a pair with a lease that was never handed out is stale and changes
+  // nothing.
+  std::vector<tenure::test::cell> attempts{tenure::test::array_literal(open, 0), tenure::test::array_literal(open, 1),
+                                           tenure::test::array_literal(fresh, 0), tenure::test::array_literal(fresh, 1)};
+  EXPECT_EQ(db.scalar("SELECT count(*) FROM " + schema +
+                          ".heartbeat_batch($1::bigint[] || $3::bigint[], $2::bigint[] || $4::bigint[])",
+                      attempts),
             "3");
-  ids.push_back(*open.rows[0][0]);
-  leases.push_back("2");
-  EXPECT_EQ(db.scalar("SELECT count(*) FROM " + schema + ".complete_batch($1::bigint[], $2::bigint[])",
-                      {array_of(ids), array_of(leases)}),
+  attempts.push_back(open.at(0, 0));
+  EXPECT_EQ(db.scalar("SELECT count(*) FROM " + schema +
+                          ".complete_batch($1::bigint[] || $3::bigint[] || $5::bigint, "
+                          "$2::bigint[] || $4::bigint[] || 2::bigint)",
+                      attempts),
             "3");
   EXPECT_EQ(db.scalar("SELECT string_agg(state || ':' || run_lease, ',' ORDER BY id) FROM " + schema + ".jobs"),
             "completed:1,completed:1,completed:1");
-
-  db.exec("DROP SCHEMA " + schema + " CASCADE");
-  db.exec("DROP ROLE " + role);
 }
 
 TEST(schema_upgrade, every_older_version_upgrades_with_open_attempts_kept_and_stale_pairs_rejected) {
