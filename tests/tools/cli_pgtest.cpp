@@ -578,11 +578,18 @@ nlohmann::json run_bench(const std::string& dsn, std::vector<std::string> args) 
   return nlohmann::json::parse(r.out);
 }
 
-TEST_F(cli_pg, bench_enqueue_single_prints_both_phases_and_their_ratio) {
+TEST_F(cli_pg, bench_enqueue_single_prints_all_three_phases_and_their_ratios) {
   const auto j = run_bench(dsn_, {"--mode", "enqueue-single", "--producers", "2", "--seconds", "0.5"});
   EXPECT_EQ(j.at("scenario"), "enqueue-single");
   EXPECT_EQ(j.at("producers"), 2);
+  EXPECT_TRUE(j.at("offered_jobs_per_s").is_null()) << "flat out unless --rate";
   EXPECT_GT(j.at("jobs").get<long>(), 0);
+  // Phase 3: the bare SQL drain under the same producers, and the runtime's pickup against it.
+  EXPECT_GT(j.at("sql_limit_enqueue_jobs_per_s").get<double>(), 0);
+  EXPECT_GT(j.at("sql_limit_pickup_p50_ms").get<double>(), 0);
+  EXPECT_GE(j.at("sql_limit_pickup_p99_ms").get<double>(), j.at("sql_limit_pickup_p50_ms").get<double>());
+  EXPECT_NEAR(j.at("pickup_p99_ratio_to_sql_limit").get<double>(),
+              j.at("pickup_p99_ms").get<double>() / j.at("sql_limit_pickup_p99_ms").get<double>(), 0.01);
   const double drained = j.at("enqueue_jobs_per_s"), undrained = j.at("undrained_enqueue_jobs_per_s");
   EXPECT_GT(drained, 0);
   EXPECT_GT(undrained, 0);
@@ -601,6 +608,26 @@ TEST_F(cli_pg, bench_enqueue_single_prints_both_phases_and_their_ratio) {
   EXPECT_GT(j.at("cpu_busy_pct").get<double>(), 0);
   EXPECT_EQ(j.at("schema_kept"), false);
   EXPECT_FALSE(schema_exists(*db_, j)) << "the bench schema is dropped after the run";
+}
+
+TEST_F(cli_pg, bench_enqueue_single_rate_paces_the_producers_to_the_offered_load) {
+  // 4 producers aiming at 120 jobs/s together for 1 s per phase: flat out they would commit
+  // thousands. Every phase is paced, and every job of each drained phase is picked up.
+  const auto j = run_bench(dsn_, {"--mode", "enqueue-single", "--producers", "4", "--seconds", "1", "--rate", "120"});
+  EXPECT_EQ(j.at("offered_jobs_per_s").get<double>(), 120);
+  for (const char* rate : {"undrained_enqueue_jobs_per_s", "enqueue_jobs_per_s", "sql_limit_enqueue_jobs_per_s"}) {
+    EXPECT_LE(j.at(rate).get<double>(), 132) << rate;
+    EXPECT_GE(j.at(rate).get<double>(), 60) << rate;
+  }
+  EXPECT_LE(j.at("jobs").get<long>(), 132);
+  EXPECT_GT(j.at("pickup_p50_ms").get<double>(), 0);
+  EXPECT_GT(j.at("sql_limit_pickup_p50_ms").get<double>(), 0);
+}
+
+TEST_F(cli_pg, bench_rejects_a_negative_rate) {
+  const auto r = run_tenure({"--database-url", dsn_, "bench", "--mode", "enqueue-single", "--rate", "-5"});
+  EXPECT_NE(r.exit_code, 0) << r;
+  EXPECT_NE(r.err.find("--rate"), std::string::npos) << r;
 }
 
 TEST_F(cli_pg, bench_runtime_drains_every_job_with_batched_commits) {

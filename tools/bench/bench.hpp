@@ -13,7 +13,9 @@ struct options {
   std::string mode = "runtime";  ///< runtime | sql-limit | enqueue-single | caller-owned
   int jobs = 20'000;             ///< jobs to drain (runtime, sql-limit)
   int producers = 16;  ///< enqueue-single: producer connections; caller-owned: handler threads
-  double seconds = 5.0;          ///< enqueue-single: how long the producers run
+  double seconds = 5.0;          ///< enqueue-single: how long the producers run (each phase)
+  /// enqueue-single: jobs per second all producers together aim at; 0 = each runs flat out.
+  double rate = 0;
   int pickup_samples = 200;      ///< runtime: low-load pickup latency samples
   int workers = 4;               ///< sql-limit: concurrent claim/complete connections
   bool keep_schema = false;

@@ -1,4 +1,5 @@
 // tenure bench [--jobs N] [--mode runtime|sql-limit|enqueue-single|caller-owned] [--producers P] [--seconds S]
+//              [--rate R]
 // Runs an end-to-end scenario on the database (a fresh schema, dropped afterwards) and prints
 // one JSON line. Without --database-url / DATABASE_URL it starts the project's private
 // PostgreSQL (scripts/pg) when run from a source tree.
@@ -42,6 +43,10 @@ void register_bench(CLI::App& app, context& ctx) {
       ->capture_default_str();
   cmd->add_option("--seconds", opts->seconds, "enqueue-single: how long producers run")
       ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
+  cmd->add_option("--rate", opts->rate,
+                  "enqueue-single: jobs/s the producers aim at together (0 = flat out); latency at a given load")
+      ->check(CLI::Range(0.0, 1'000'000.0))
       ->capture_default_str();
   cmd->add_option("--pickup-samples", opts->pickup_samples, "runtime: low-load pickup samples")
       ->check(CLI::Range(1, 100'000))
