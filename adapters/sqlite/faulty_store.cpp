@@ -35,6 +35,19 @@ void faulty_store::restore_connection() noexcept {
   connected_ = true;
 }
 
+void faulty_store::hold(op o) {
+  std::lock_guard lock(mutex_);
+  held_[static_cast<std::size_t>(o)] = true;
+}
+
+void faulty_store::release(op o) {
+  {
+    std::lock_guard lock(mutex_);
+    held_[static_cast<std::size_t>(o)] = false;
+  }
+  released_.notify_all();
+}
+
 void faulty_store::clear_faults() noexcept {
   std::lock_guard lock(mutex_);
   rules_.clear();
@@ -70,6 +83,10 @@ faulty_store::decision faulty_store::decide(op o) {
 template <class T, class Forward>
 result<T> faulty_store::call(op o, Forward&& forward) {
   const decision d = decide(o);
+  {
+    std::unique_lock lock(mutex_);
+    released_.wait(lock, [&] { return !held_[static_cast<std::size_t>(o)]; });
+  }
   if (d.kind == fault::refuse) return d.code;
   result<T> r = std::forward<Forward>(forward)();
   if (d.kind == fault::in_doubt && r) return errc::commit_in_doubt;

@@ -4,6 +4,7 @@
 /// can show what the engine does when the database refuses a call, loses a COMMIT
 /// acknowledgement or goes away.
 #include <array>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -60,6 +61,10 @@ class faulty_store final : public sdk::storage_port {
   /// Until restore_connection(), every call returns errc::database_unavailable, unforwarded.
   void lose_connection() noexcept;
   void restore_connection() noexcept;
+  /// Until release(o), every call of `o` waits inside the decorator (already counted in calls(),
+  /// not yet forwarded): a race made exact, e.g. a claim still in flight when stop() begins.
+  void hold(op o);
+  void release(op o);
   /// Drops every armed rule (the connection state is kept).
   void clear_faults() noexcept;
 
@@ -117,6 +122,8 @@ class faulty_store final : public sdk::storage_port {
 
   sdk::storage_port& inner_;
   mutable std::mutex mutex_;
+  std::condition_variable released_;
+  std::array<bool, k_op_count> held_{};
   std::vector<rule> rules_;
   std::array<std::int64_t, k_op_count> calls_{};
   std::array<std::int64_t, k_op_count> forwarded_{};

@@ -89,7 +89,8 @@ class job_outcome {
  public:
   enum class kind { completed, retry, snooze, fail, cancel };
 
-  /// Done. `progress` (JSON), when given, is stored as the job's final progress.
+  /// Done. `progress` (JSON), when given, is stored as the job's final progress (NUL characters
+  /// and invalid UTF-8, which PostgreSQL cannot store, become U+FFFD, with a warning logged).
   static job_outcome completed(std::optional<nlohmann::json> progress = std::nullopt);
   /// Failed this attempt; retried with the queue's backoff while attempts remain, else failed.
   static job_outcome retry(std::string error);
@@ -140,7 +141,8 @@ class job_context {
   /// Buffers progress locally; the next heartbeat flushes it, guarded by (job_id, run_lease).
   /// Progress is stored as {"percent": n, "message": "...", "metadata": ...} (empty message and
   /// null metadata left out). It is visible in tenure.jobs / `tenure job show`, and kept with the
-  /// job when the attempt retries, snoozes or is rescued (see previous_progress()).
+  /// job when the attempt retries, snoozes or is rescued (see previous_progress()). NUL characters
+  /// and invalid UTF-8 become U+FFFD (with a warning logged): PostgreSQL cannot store them.
   void set_progress(int percent, std::string message = {}, nlohmann::json metadata = nullptr);
   /// Flushes buffered progress now, with a heartbeat, in one statement guarded by
   /// (job_id, run_lease); blocks on the database (call it from the handler). true: applied.
@@ -324,7 +326,9 @@ class runtime {
                           return fn(args, ctx);
                         }});
   }
-  /// Called after each durably applied transition, on the control thread: keep it short.
+  /// Called after each durably applied transition, on the control thread: keep it short. What
+  /// a hook throws is logged and swallowed. Register hooks before start(); later calls are
+  /// ignored (with an error logged).
   void on_event(event_hook hook);
 
   /// Writes the queue settings given in the config, then starts claiming.

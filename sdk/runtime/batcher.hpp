@@ -37,7 +37,7 @@ class batcher {
   /// Runs a batch if one is due (full, or `now`), else arms the delay timer.
   void maybe(bool now) {
     if (busy_ || queue_.empty()) return;
-    if (queue_.size() >= max_ || now) {
+    if (queue_.size() >= max_ || now || solo_ > 0) {
       cancel();
       run();
       return;
@@ -55,7 +55,8 @@ class batcher {
   void run() {
     if (busy_ || queue_.empty()) return;
     busy_ = true;
-    const auto n = std::min(queue_.size(), max_);
+    const auto n = solo_ > 0 ? std::size_t{1} : std::min(queue_.size(), max_);
+    if (solo_ > 0) --solo_;
     std::vector<Item> batch(std::make_move_iterator(queue_.begin()),
                             std::make_move_iterator(queue_.begin() + static_cast<long>(n)));
     queue_.erase(queue_.begin(), queue_.begin() + static_cast<long>(n));
@@ -66,6 +67,13 @@ class batcher {
   /// The batch failed: its items go back first in line, and no batch runs until retry().
   void put_back(std::vector<Item> batch) {
     for (auto it = batch.rbegin(); it != batch.rend(); ++it) queue_.push_front(std::move(*it));
+  }
+  /// The batch was refused as a whole: its items go back first in line, and the next
+  /// batch.size() batches carry one item each, so the one refused can be told from the rest.
+  /// No batch runs until retry().
+  void put_back_one_by_one(std::vector<Item> batch) {
+    solo_ = batch.size();
+    put_back(std::move(batch));
   }
   /// After put_back(): run again.
   void retry() {
@@ -87,6 +95,7 @@ class batcher {
   std::size_t max_ = 1;
   std::chrono::milliseconds delay_{0};
   bool busy_ = false;
+  std::size_t solo_ = 0;  ///< batches still to run with a single item (put_back_one_by_one)
   bool armed_ = false;
 };
 

@@ -29,6 +29,7 @@
 #include "sdk/runtime/attempt_entry.hpp"
 #include "sdk/runtime/batcher.hpp"
 #include "sdk/runtime/metrics_server.hpp"
+#include "sdk/runtime/storable.hpp"
 #include "sdk/signal_port.hpp"
 #include "sdk/storage_port.hpp"
 
@@ -179,6 +180,9 @@ struct runtime::impl {
       } catch (const std::exception& ex) {
         spdlog::error("tenure: lifecycle hook threw on {} job {} lease {}: {}", to_string(e), c.attempt.job_id,
                       c.attempt.run_lease, ex.what());
+      } catch (...) {
+        spdlog::error("tenure: lifecycle hook threw a non-standard exception on {} job {} lease {}", to_string(e),
+                      c.attempt.job_id, c.attempt.run_lease);
       }
     }
   }
@@ -230,6 +234,13 @@ struct runtime::impl {
     q.error_backoff = milliseconds{0};
     auto& got = r.value();
     q.free += asked - static_cast<int>(got.size());
+    if (abandoning) {
+      // Claimed while stop() was giving up on handlers: nothing will run them here, so they
+      // go back at once, without spending an attempt.
+      q.free += static_cast<int>(got.size());
+      for (auto& c : got) give_back(std::move(c));
+      return;
+    }
     for (auto& c : got) start_attempt(std::move(c));
     if (static_cast<int>(got.size()) == asked) {
       q.drained = false;
@@ -253,6 +264,29 @@ struct runtime::impl {
       q.idle_step = std::min(cfg.poll_interval, q.idle_step * 2);
     }
     arm_queue_timer(q, std::min(q.idle_step, cfg.poll_interval));
+  }
+
+  /// Snoozes an attempt that will not run here back to its queue (no attempt spent).
+  void give_back(claimed_attempt c) {
+    ++outstanding_ops;
+    on_db([this, a = c.attempt] { return store->snooze(a, sdk::microseconds{0}); },
+          [this, c = std::move(c)](result<void> r) {
+            --outstanding_ops;
+            if (r) {
+              spdlog::info("tenure: job {} lease {} queue {} was claimed as the runtime stopped; given back", c.attempt.job_id,
+                           c.attempt.run_lease, c.queue);
+            } else {
+              spdlog::warn("tenure: job {} lease {} queue {} was claimed as the runtime stopped and could not be given "
+                           "back ({}); it stays open and is rescued after staleness",
+                           c.attempt.job_id, c.attempt.run_lease, c.queue, r.error().message());
+            }
+            check_idle();
+          });
+  }
+
+  /// A claim statement is in flight on some queue: its answer may still start handlers.
+  bool claiming() const {
+    return std::any_of(queues.begin(), queues.end(), [](const auto& q) { return q->claiming; });
   }
 
   void on_wake(const std::string& queue) {
@@ -302,7 +336,21 @@ struct runtime::impl {
       } catch (...) {
         outcome = job_outcome::retry("handler threw a non-standard exception");
       }
-      on_ctl([this, entry, outcome = std::move(outcome)]() mutable { on_outcome(entry, std::move(outcome)); });
+      // The final progress becomes storable JSON text here, off the control thread.
+      std::optional<std::string> progress;
+      if (outcome.what() == job_outcome::kind::completed && outcome.progress()) {
+        bool replaced = false;
+        progress = detail::storable_json_text(*outcome.progress(), &replaced);
+        if (replaced) {
+          const auto& a = entry->claim;
+          spdlog::warn("tenure: final progress of job {} lease {} queue {} held NUL characters or invalid UTF-8; "
+                       "stored with U+FFFD in their place (PostgreSQL cannot store them)",
+                       a.attempt.job_id, a.attempt.run_lease, a.queue);
+        }
+      }
+      on_ctl([this, entry, outcome = std::move(outcome), progress = std::move(progress)]() mutable {
+        on_outcome(entry, std::move(outcome), std::move(progress));
+      });
     });
   }
 
@@ -325,6 +373,17 @@ struct runtime::impl {
       case handler_exit::how::flushed: return "completed (flush outcome unknown)";
     }
     return "exited";
+  }
+
+  static const char* to_text(job_outcome::kind k) {
+    switch (k) {
+      case job_outcome::kind::completed: return "completed";
+      case job_outcome::kind::retry: return "retry";
+      case job_outcome::kind::snooze: return "snooze";
+      case job_outcome::kind::fail: return "fail";
+      case job_outcome::kind::cancel: return "cancel";
+    }
+    return "unknown";
   }
 
   struct skip_handler {};
@@ -537,7 +596,8 @@ struct runtime::impl {
 
   // ---- outcomes ----
 
-  void on_outcome(const entry_ptr& entry, job_outcome outcome) {
+  /// `progress`: a completed outcome's final progress, already storable JSON text.
+  void on_outcome(const entry_ptr& entry, job_outcome outcome, std::optional<std::string> progress = std::nullopt) {
     --running_handlers;
     entry->handler_done = true;
     entry->done_at = steady_clock::now();
@@ -550,8 +610,6 @@ struct runtime::impl {
       return;
     }
     if (outcome.what() == job_outcome::kind::completed) {
-      std::optional<std::string> progress;
-      if (outcome.progress()) progress = outcome.progress()->dump();
       push_completion({entry, std::move(progress)});
       return;
     }
@@ -566,22 +624,22 @@ struct runtime::impl {
     const auto a = entry->claim.attempt;
     const auto kind = outcome.what();
     on_db(
-        [this, a, outcome]() -> result<job_state> {
+        [this, a, outcome, message = detail::storable_text(outcome.message())]() -> result<job_state> {
           switch (outcome.what()) {
             case job_outcome::kind::retry: {
               std::optional<sdk::microseconds> after;
               if (outcome.delay()) after = std::chrono::duration_cast<sdk::microseconds>(*outcome.delay());
-              return store->fail(a, outcome.message(), sdk::fail_disposition::retry, after);
+              return store->fail(a, message, sdk::fail_disposition::retry, after);
             }
             case job_outcome::kind::fail:
-              return store->fail(a, outcome.message(), sdk::fail_disposition::permanent);
+              return store->fail(a, message, sdk::fail_disposition::permanent);
             case job_outcome::kind::snooze: {
               auto r = store->snooze(a, std::chrono::duration_cast<sdk::microseconds>(*outcome.delay()));
               if (!r) return r.error();
               return job_state::scheduled;
             }
             case job_outcome::kind::cancel: {
-              auto r = store->cancel_attempt(a, outcome.message());
+              auto r = store->cancel_attempt(a, message);
               if (!r) return r.error();
               return job_state::cancelled;
             }
@@ -637,6 +695,15 @@ struct runtime::impl {
             return;
           }
           m.database_errors.fetch_add(1, std::memory_order_relaxed);
+          if (r.error() == errc::invalid_argument) {
+            // Refused for good (the same write would be refused on every retry): nothing is
+            // written, and the attempt is left to rescue, which retries it by the queue's policy.
+            spdlog::error("tenure: the database refused the {} outcome of job {} lease {} queue {} as invalid; not "
+                          "retrying it: the attempt stays open and is rescued after staleness",
+                          to_text(kind), c.attempt.job_id, c.attempt.run_lease, c.queue);
+            release(entry);
+            return;
+          }
           const auto next = next_backoff(backoff);
           // Keep the entry and retry: the attempt stays ours until the database answers. An
           // unknown outcome is retried too; if the first call had landed, the retry is stale.
@@ -691,6 +758,29 @@ struct runtime::impl {
 
   void on_flushed(std::vector<pending_completion> batch, result<std::vector<sdk::completion_result>> r,
                   steady_clock::duration took) {
+    if (!r && r.error() == errc::invalid_argument) {
+      // Refused for good: the same statement would be refused on every retry, and every later
+      // completion would wait behind it. Flush the items one by one to find the refused one;
+      // a single refused item is not retried and its attempt is left to rescue.
+      m.flush_failures.fetch_add(1, std::memory_order_relaxed);
+      m.database_errors.fetch_add(1, std::memory_order_relaxed);
+      if (batch.size() > 1) {
+        spdlog::warn("tenure: the database refused a completion flush of {} as invalid; flushing them one by one",
+                     batch.size());
+        completions.put_back_one_by_one(std::move(batch));
+        completions.retry();
+        return;
+      }
+      completions.answered();
+      m.pending_completions.fetch_sub(1, std::memory_order_relaxed);
+      const auto& c = batch.front().entry->claim;
+      spdlog::error("tenure: the database refused the completion of job {} lease {} queue {} as invalid; not retrying "
+                    "it: the attempt stays open and is rescued after staleness",
+                    c.attempt.job_id, c.attempt.run_lease, c.queue);
+      release(batch.front().entry);
+      completions.maybe(stopping);
+      return;
+    }
     if (!r) {
       // The attempts stay open (and heartbeated); the flush is retried. Never lost, never
       // double-completed: after an unknown outcome, a stale answer is checked against evidence.
@@ -785,6 +875,14 @@ struct runtime::impl {
             if (!r) {
               m.database_errors.fetch_add(1, std::memory_order_relaxed);
               spdlog::warn("tenure: heartbeat of {} attempts failed: {}", entries.size(), r.error().message());
+              if (r.error() == errc::invalid_argument && !progress.empty()) {
+                // Refused for good: the progress it carried would be refused again with every
+                // later heartbeat, so it is dropped; the next heartbeat goes without it.
+                spdlog::error("tenure: the database refused the progress carried by a heartbeat as invalid; "
+                              "dropping it so heartbeats go on");
+                done();
+                return;
+              }
               for (std::size_t i = 0; i < progress.size(); ++i) {
                 if (progress[i]) entries[i]->restore_progress(*progress[i]);
               }
@@ -1027,7 +1125,14 @@ void runtime::handle_caller_owned(std::string kind, caller_owned_handler fn) {
   impl_->handlers.erase(kind);
   impl_->owned_handlers[std::move(kind)] = std::move(fn);
 }
-void runtime::on_event(event_hook hook) { impl_->hooks.push_back(std::move(hook)); }
+void runtime::on_event(event_hook hook) {
+  if (impl_->started) {
+    // The control thread reads the hooks without a lock once started.
+    spdlog::error("tenure: on_event() after start() is ignored: register every hook before start()");
+    return;
+  }
+  impl_->hooks.push_back(std::move(hook));
+}
 const runtime_config& runtime::config() const noexcept { return impl_->cfg; }
 
 result<void> runtime::start() {
@@ -1092,7 +1197,8 @@ void runtime::stop() noexcept {
     auto handlers_done = [&d] {
       auto p = std::make_shared<std::promise<bool>>();
       auto f = p->get_future();
-      d.on_ctl([&d, p] { p->set_value(d.running_handlers == 0); });
+      // A claim still in flight may start handlers yet: they run like the others.
+      d.on_ctl([&d, p] { p->set_value(d.running_handlers == 0 && !d.claiming()); });
       return f.get();
     };
     while (!handlers_done() && steady_clock::now() < deadline) std::this_thread::sleep_for(milliseconds{5});
@@ -1117,7 +1223,7 @@ void runtime::stop() noexcept {
       d.on_ctl([&d, p] {
         d.completions.maybe(true);
         d.evidence.maybe(true);
-        p->set_value(d.completions.idle() && d.evidence.idle() && d.outstanding_ops == 0);
+        p->set_value(d.completions.idle() && d.evidence.idle() && d.outstanding_ops == 0 && !d.claiming());
       });
       if (f.get()) break;
       if (steady_clock::now() >= flush_deadline) {

@@ -244,6 +244,39 @@ TEST_F(runtime_pg, a_thrown_exception_is_a_retryable_failure_with_its_message) {
   rt->stop();
 }
 
+TEST_F(runtime_pg, text_postgres_cannot_store_is_repaired_at_the_boundary_not_refused_on_every_retry) {
+  // PostgreSQL refuses NUL in jsonb (22P05) and invalid UTF-8 in text (22021): such a value used
+  // to be refused on every retry, holding its job (and every completion batched behind it)
+  // running for good. It is stored with U+FFFD in place of each offending byte instead.
+  const auto progress_job = enqueue("nul");
+  const auto thrower = enqueue("bad-bytes", "{}", "default", 1);
+  std::vector<std::string> others;
+  for (int i = 0; i < 5; ++i) others.push_back(enqueue("ok"));
+  auto rt = make();
+  const std::string bad{"a\0b\xff", 4};
+  std::atomic<bool> flushed{false};
+  rt->handle("nul", [&](job_context& ctx) {
+    ctx.set_progress(10, bad);
+    auto f = ctx.flush_progress();
+    flushed = f && f.value();
+    return job_outcome::completed(nlohmann::json{{"note", bad}});
+  });
+  // (what() is a C string: it ends at a NUL, so only the invalid byte reaches the runtime.)
+  rt->handle("bad-bytes", [&](job_context&) -> job_outcome { throw std::runtime_error("a\xff b"); });
+  rt->handle("ok", [](job_context&) { return job_outcome::completed(); });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return state_of(progress_job) == "completed"; }));
+  ASSERT_TRUE(eventually([&] { return state_of(thrower) == "failed"; }));
+  for (const auto& id : others) ASSERT_TRUE(eventually([&] { return state_of(id) == "completed"; }));
+  EXPECT_TRUE(flushed.load()) << "the mid-run progress was stored";
+  const std::string fixed = "a\xEF\xBF\xBD" "b\xEF\xBF\xBD";
+  EXPECT_EQ(db_.scalar("SELECT progress->>'note' FROM " + s("jobs") + " WHERE id = $1", {progress_job}), fixed);
+  EXPECT_EQ(db_.scalar("SELECT last_error FROM " + s("jobs") + " WHERE id = $1", {thrower}),
+            "handler threw: a\xEF\xBF\xBD b");
+  EXPECT_EQ(rt->metrics().database_errors, 0u) << "nothing was refused";
+  rt->stop();
+}
+
 TEST_F(runtime_pg, typed_handler_gets_args_and_bad_args_fail_permanently) {
   struct charge {
     int order = 0;

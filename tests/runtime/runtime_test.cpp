@@ -8,6 +8,9 @@
 #include <mutex>
 #include <thread>
 
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/spdlog.h>
+
 #include "adapters/sqlite/faulty_store.hpp"
 #include "adapters/sqlite/sqlite_store.hpp"
 #include "sdk/clock.hpp"
@@ -288,6 +291,207 @@ TEST_F(runtime_unit, stop_keeps_retrying_a_failing_flush_within_its_deadline) {
   rt->stop();
   EXPECT_EQ(state(id), job_state::completed) << "the completion a handler returned is durable after stop()";
   EXPECT_EQ(rt->metrics().flush_failures, 2u);
+}
+
+/// Lines logged at warning level or above that contain `needle`, seen by a sink added for a test.
+class log_watch final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  explicit log_watch(std::string needle) : needle_(std::move(needle)) {}
+  std::atomic<int> hits{0};
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    if (std::string_view{msg.payload.data(), msg.payload.size()}.find(needle_) != std::string_view::npos) ++hits;
+  }
+  void flush_() override {}
+
+ private:
+  std::string needle_;
+};
+
+/// Adds a log_watch to the default logger for a scope.
+class watching_log {
+ public:
+  explicit watching_log(std::string needle) : watch_(std::make_shared<log_watch>(std::move(needle))) {
+    spdlog::default_logger()->sinks().push_back(watch_);
+  }
+  ~watching_log() { std::erase(spdlog::default_logger()->sinks(), std::static_pointer_cast<spdlog::sinks::sink>(watch_)); }
+  int hits() const { return watch_->hits.load(); }
+
+ private:
+  std::shared_ptr<log_watch> watch_;
+};
+
+TEST_F(runtime_unit, stop_waits_for_a_claim_in_flight_and_runs_what_it_claimed) {
+  auto rt = make(config());
+  std::atomic<int> ran{0};
+  rt->handle("k", [&](job_context&) {
+    ++ran;
+    return job_outcome::completed();
+  });
+  ASSERT_TRUE(rt->start());
+  faulty_->hold(op::claim);
+  const auto before = faulty_->calls(op::claim);
+  const auto id = enqueue();
+  ASSERT_TRUE(eventually([&] { return faulty_->calls(op::claim) > before; })) << "a claim is on its way";
+  std::atomic<bool> stopped{false};
+  std::thread stopper([&] {
+    rt->stop();
+    stopped = true;
+  });
+  // stop() has to wait for the claim's answer; give it the time to (wrongly) return first.
+  eventually([&] { return stopped.load(); }, 200ms);
+  faulty_->release(op::claim);
+  stopper.join();
+  EXPECT_EQ(ran.load(), 1) << "what the claim in flight took ran before stop() returned";
+  EXPECT_EQ(state(id), job_state::completed);
+}
+
+TEST_F(runtime_unit, a_claim_answered_after_the_shutdown_timeout_is_given_back_without_spending_an_attempt) {
+  auto c = config();
+  c.shutdown_timeout = 50ms;
+  auto rt = make(c);
+  rt->handle("k", [](job_context&) { return job_outcome::completed(); });
+  ASSERT_TRUE(rt->start());
+  watching_log gave_up{"after the shutdown timeout"};
+  faulty_->hold(op::claim);
+  const auto before = faulty_->calls(op::claim);
+  const auto id = enqueue();
+  ASSERT_TRUE(eventually([&] { return faulty_->calls(op::claim) > before; }));
+  std::thread stopper([&] { rt->stop(); });
+  ASSERT_TRUE(eventually([&] { return gave_up.hits() > 0; })) << "stop() gave up waiting for the claim's handlers";
+  faulty_->release(op::claim);
+  stopper.join();
+  const auto j = inner_->read_job(id).value();
+  EXPECT_TRUE(j.state == job_state::available || j.state == job_state::scheduled)
+      << "given back (snoozed), not left running for rescue: " << to_string(j.state);
+  EXPECT_EQ(j.attempt, 0) << "no attempt spent";
+  EXPECT_EQ(rt->metrics().claimed, 0u);
+}
+
+TEST_F(runtime_unit, a_hook_that_throws_anything_is_logged_and_the_job_still_completes) {
+  const auto id = enqueue();
+  auto rt = make(config());
+  std::atomic<int> calls{0};
+  rt->on_event([&](const job_event&) {
+    ++calls;
+    throw 42;  // not a std::exception
+  });
+  rt->handle("k", [](job_context&) { return job_outcome::completed(); });
+  watching_log logged{"non-standard exception"};
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return rt->metrics().completed == 1; }));
+  rt->stop();
+  EXPECT_EQ(state(id), job_state::completed);
+  EXPECT_EQ(calls.load(), 2) << "started and completed";
+  EXPECT_EQ(logged.hits(), 2);
+}
+
+TEST_F(runtime_unit, on_event_after_start_is_refused) {
+  auto rt = make(config());
+  rt->handle("k", [](job_context&) { return job_outcome::completed(); });
+  ASSERT_TRUE(rt->start());
+  watching_log refused{"on_event() after start() is ignored"};
+  std::atomic<int> calls{0};
+  rt->on_event([&](const job_event&) { ++calls; });  // would race the control thread's reads
+  EXPECT_EQ(refused.hits(), 1);
+  enqueue();
+  ASSERT_TRUE(eventually([&] { return rt->metrics().completed == 1; }));
+  rt->stop();
+  EXPECT_EQ(calls.load(), 0);
+}
+
+TEST_F(runtime_unit, progress_with_nul_or_invalid_utf8_is_stored_with_replacement_characters) {
+  const auto id = enqueue();
+  auto rt = make(config());
+  const std::string bad{"a\0b\xff", 4};
+  std::atomic<bool> flushed{false};
+  rt->handle("k", [&](job_context& ctx) {
+    ctx.set_progress(50, bad);
+    auto f = ctx.flush_progress();
+    flushed = f && f.value();
+    EXPECT_EQ(inner_->read_job(ctx.job_id()).value().progress.value_or(""),
+              R"({"message":"a)" "\xEF\xBF\xBD" "b" "\xEF\xBF\xBD" R"(","percent":50})");
+    return job_outcome::completed(nlohmann::json{{bad, bad}});  // the key too
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return rt->metrics().completed == 1; }));
+  rt->stop();
+  EXPECT_TRUE(flushed.load());
+  const std::string fixed = "a\xEF\xBF\xBD" "b\xEF\xBF\xBD";
+  EXPECT_EQ(inner_->read_job(id).value().progress.value_or(""), nlohmann::json({{fixed, fixed}}).dump());
+}
+
+TEST_F(runtime_unit, a_flush_refused_as_invalid_is_split_and_only_the_refused_completion_is_left_to_rescue) {
+  std::vector<std::int64_t> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(enqueue());
+  auto c = config();
+  c.flush_delay = 1h;
+  c.completion_batch = 3;  // the three completions go in one flush
+  auto rt = make(c);
+  rt->handle("k", [](job_context&) { return job_outcome::completed(); });
+  faulty_->fail_nth(op::complete, 1, errc::invalid_argument);  // the batch of three
+  faulty_->fail_nth(op::complete, 2, errc::invalid_argument);  // the first of them, alone
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return rt->metrics().completed == 2 && rt->metrics().in_flight == 0; }));
+  EXPECT_EQ(faulty_->calls(op::complete), 4) << "one batch, then one statement per item";
+  int running = 0;
+  for (auto id : ids) running += state(id) == job_state::running;
+  EXPECT_EQ(running, 1) << "the refused completion is not retried: its attempt waits for rescue";
+  EXPECT_EQ(rt->metrics().pending_completions, 0);
+  // Rescue (after staleness, 3 h here) runs it again.
+  ASSERT_TRUE(eventually([&] {
+    clock_.advance(4h);
+    rt->maintenance_now();
+    return rt->metrics().completed == 3;
+  }));
+  rt->stop();
+  for (auto id : ids) EXPECT_EQ(state(id), job_state::completed);
+}
+
+TEST_F(runtime_unit, an_outcome_refused_as_invalid_is_not_retried_and_left_to_rescue) {
+  const auto id = enqueue();
+  auto rt = make(config());
+  rt->handle("k", [](job_context& ctx) {
+    if (ctx.run_lease() == 1) return job_outcome::retry("first try");
+    return job_outcome::completed();
+  });
+  faulty_->fail_nth(op::fail, 1, errc::invalid_argument);
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return faulty_->calls(op::fail) == 1 && rt->metrics().in_flight == 0; }))
+      << "the entry is released, not retried with backoff";
+  EXPECT_EQ(state(id), job_state::running);
+  ASSERT_TRUE(eventually([&] {
+    clock_.advance(4h);
+    rt->maintenance_now();
+    return rt->metrics().completed == 1;
+  }));
+  rt->stop();
+  EXPECT_EQ(faulty_->calls(op::fail), 1);
+  EXPECT_EQ(state(id), job_state::completed);
+}
+
+TEST_F(runtime_unit, a_heartbeat_refused_as_invalid_drops_its_progress_and_heartbeats_go_on) {
+  const auto id = enqueue();
+  auto rt = make(config());
+  std::atomic<bool> started{false}, release{false};
+  rt->handle("k", [&](job_context& ctx) {
+    ctx.set_progress(7, "refused");
+    started = true;
+    while (!release.load()) std::this_thread::sleep_for(1ms);
+    return job_outcome::completed();
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return started.load(); }));
+  faulty_->fail_nth(op::heartbeat, 1, errc::invalid_argument);
+  rt->heartbeat_now();
+  EXPECT_EQ(faulty_->calls(op::heartbeat), 1);
+  rt->heartbeat_now();  // goes without the refused progress
+  EXPECT_EQ(faulty_->forwarded(op::heartbeat), 1);
+  EXPECT_FALSE(inner_->read_job(id).value().progress) << "the refused progress was dropped, not sent again";
+  release = true;
+  ASSERT_TRUE(eventually([&] { return rt->metrics().completed == 1; }));
+  rt->stop();
 }
 
 TEST_F(runtime_unit, claim_failures_back_off_and_recover) {

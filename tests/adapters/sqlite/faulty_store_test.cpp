@@ -146,6 +146,25 @@ TEST_F(sqlite_faulty_store, a_lost_connection_refuses_every_call_until_restored)
   EXPECT_THAT(must(db.claim("default", 10, "w")), SizeIs(1));
 }
 
+TEST_F(sqlite_faulty_store, a_held_operation_waits_counted_but_unforwarded_until_released) {
+  faulty_store db(*inner_);
+  must(db.enqueue(job()));
+  db.hold(op::claim);
+  std::atomic<bool> returned{false};
+  std::thread t([&] {
+    EXPECT_THAT(must(db.claim("default", 10, "w")), SizeIs(1));
+    returned = true;
+  });
+  while (db.calls(op::claim) == 0) std::this_thread::yield();
+  EXPECT_EQ(db.forwarded(op::claim), 1);  // decided, and waiting before the inner store
+  EXPECT_FALSE(returned.load());
+  EXPECT_THAT(must(inner_->claim("default", 10, "other")), SizeIs(1)) << "the held claim reached nothing yet";
+  must(db.enqueue(job()));  // other operations pass
+  db.release(op::claim);
+  t.join();
+  EXPECT_TRUE(returned.load());
+}
+
 TEST_F(sqlite_faulty_store, faults_are_counted_exactly_across_threads) {
   faulty_store db(*inner_);
   db.fail_nth(op::enqueue, 50, errc::database_unavailable);
