@@ -1205,9 +1205,15 @@ void runtime::stop() noexcept {
     if (!handlers_done()) {
       d.run_and_wait(
           [&d](std::function<void()> done) {
-            spdlog::warn("tenure: {} handler(s) still running after the shutdown timeout; cancelling them, their "
-                         "attempts stay open for rescue",
-                         d.running_handlers);
+            if (d.running_handlers > 0) {
+              spdlog::warn("tenure: {} handler(s) still running after the shutdown timeout; cancelling them, their "
+                           "attempts stay open for rescue",
+                           d.running_handlers);
+            }
+            if (d.claiming()) {
+              spdlog::warn("tenure: a claim is still in flight after the shutdown timeout; what it takes is given "
+                           "back without spending an attempt");
+            }
             d.abandoning = true;
             for (auto& [id, e] : d.in_flight) e->cancel();
             done();
