@@ -224,6 +224,34 @@ TEST_F(sql_contract, fail_job_retries_with_backoff_then_fails_when_attempts_are_
   EXPECT_EQ(state_of(permanent), "failed");
 }
 
+TEST_F(sql_contract, backoff_is_capped_without_overflow_however_many_attempts_failed) {
+  // A one-hour base doubled 32 times no longer fits an interval: the delay must be capped, not
+  // refused (22008), or the failure of such a job could never be recorded.
+  db_.exec("INSERT INTO " + s("queues") + " (name, backoff_base, backoff_cap) VALUES ('slow', '1 hour', '1 day')");
+  for (const char* n : {"33", "39", "64", "1000", "2147483647"}) {
+    const auto secs = std::stod(db_.scalar("SELECT extract(epoch FROM " + s("backoff") + "('slow', $1::int))", {n}));
+    EXPECT_GE(secs, 43'200) << "attempt " << n << ": at least half the cap";
+    EXPECT_LE(secs, 86'400) << "attempt " << n << ": at most the cap";
+  }
+  const auto first = std::stod(db_.scalar("SELECT extract(epoch FROM " + s("backoff") + "('slow', 1))"));
+  EXPECT_GE(first, 1'800);
+  EXPECT_LE(first, 3'600);
+  const auto third = std::stod(db_.scalar("SELECT extract(epoch FROM " + s("backoff") + "('slow', 3))"));
+  EXPECT_GE(third, 7'200);
+  EXPECT_LE(third, 14'400);
+  // End to end: the 40th failure of a job in that queue is recorded as a retry a day away.
+  const auto id = enqueue("k", ", '{}', 'slow', 2, NULL, 100");
+  db_.exec("UPDATE " + s("ready") + " SET attempt = 39 WHERE id = $1", {id});
+  auto c = claim(1, "slow");
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].attempt, "40");
+  EXPECT_EQ(db_.scalar("SELECT " + s("fail_job") + "($1, 'still down')", {c[0].token}), "retryable");
+  const auto wait = std::stod(db_.scalar("SELECT extract(epoch FROM run_at - now()) FROM " + s("jobs") +
+                                         " WHERE id = $1", {id}));
+  EXPECT_GE(wait, 43'100);
+  EXPECT_LE(wait, 86'400);
+}
+
 TEST_F(sql_contract, rescue_makes_attempts_available_at_once_or_failed_when_spent) {
   const auto again = enqueue("a");
   const auto spent = enqueue("b", ", '{}', 'default', 2, NULL, 1");
