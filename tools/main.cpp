@@ -35,7 +35,7 @@ void add_global_options(CLI::App& app, context& ctx) {
       ->check(
           [](const std::string& name) -> std::string {
             return postgres::valid_schema_name(name) ? ""
-                                                     : "use lower case letters, digits and _ (not first)";
+                                                     : "use lower case letters, digits and _ (not first), at most 54 characters";
           },
           "NAME");
   app.add_flag("-v,--verbose", ctx.verbosity, "Log to stderr: -v info, -vv debug");

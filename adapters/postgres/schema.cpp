@@ -44,7 +44,7 @@ result<int> read_version(connection& c, std::string_view schema, std::string* de
 result<std::unique_ptr<connection>> connect_checked(std::string_view dsn, std::string_view schema,
                                                    std::string* detail) {
   if (!valid_schema_name(schema)) {
-    if (detail) *detail = "invalid schema name '" + std::string{schema} + "' (use [a-z_][a-z0-9_]*)";
+    if (detail) *detail = "invalid schema name '" + std::string{schema} + "' (use [a-z_][a-z0-9_]*, at most 54 characters)";
     return errc::invalid_argument;
   }
   return connection::open(std::string{dsn}, detail);
@@ -55,7 +55,9 @@ result<std::unique_ptr<connection>> connect_checked(std::string_view dsn, std::s
 int known_schema_version() noexcept { return static_cast<int>(detail::embedded_migrations().size()); }
 
 bool valid_schema_name(std::string_view schema) noexcept {
-  if (schema.empty() || schema.size() > 63) return false;
+  // Notification channels are named <schema>_wake, _cancel and _callback, and PostgreSQL
+  // identifiers (channel names included) stop at 63 bytes: 63 - len("_callback") = 54.
+  if (schema.empty() || schema.size() > 54) return false;
   for (std::size_t i = 0; i < schema.size(); ++i) {
     const char c = schema[i];
     const bool ok = (c >= 'a' && c <= 'z') || c == '_' || (i > 0 && c >= '0' && c <= '9');

@@ -241,17 +241,17 @@ class cli_pg : public testing::Test {
 TEST_F(cli_pg, migrate_then_migrate_again_is_a_no_op) {
   auto first = tenure({"migrate"});
   expect_success(first);
-  EXPECT_EQ(first.out, "schema " + schema_ + ": migrated from version 0 to 3\n");
+  EXPECT_EQ(first.out, "schema " + schema_ + ": migrated from version 0 to 4\n");
 
   auto second = tenure({"migrate"});
   expect_success(second);  // in particular no server NOTICE leaking onto stderr
-  EXPECT_EQ(second.out, "schema " + schema_ + ": already at version 3\n");
+  EXPECT_EQ(second.out, "schema " + schema_ + ": already at version 4\n");
 }
 
 TEST_F(cli_pg, environment_supplies_database_and_schema) {
   auto r = run_tenure({"migrate"}, {{"DATABASE_URL", dsn_}, {"TENURE_SCHEMA", schema_}});
   expect_success(r);
-  EXPECT_EQ(r.out, "schema " + schema_ + ": migrated from version 0 to 3\n");
+  EXPECT_EQ(r.out, "schema " + schema_ + ": migrated from version 0 to 4\n");
 }
 
 // ---- enqueue and job show --------------------------------------------------------------------
@@ -546,11 +546,26 @@ TEST_F(cli_pg, usage_errors_are_one_line_exit_2) {
   }
 }
 
+TEST_F(cli_pg, a_schema_name_too_long_for_its_notification_channels_is_refused_before_anything_is_created) {
+  // <schema>_callback must stay within PostgreSQL's 63-byte identifiers, or NOTIFY on it fails
+  // (and with it rescue, cancel and resume).
+  const std::string longest(54, 'a'), too_long(55, 'b');
+  auto r = run_tenure({"--database-url", dsn_, "--schema", too_long, "migrate"});
+  expect_one_error_line(r, 2, "tenure: ");
+  EXPECT_NE(r.err.find("at most 54 characters"), std::string::npos) << r;
+  EXPECT_EQ(db_->exec("SELECT count(*) FROM pg_namespace WHERE nspname = '" + too_long + "'"), "0");
+  auto ok = run_tenure({"--database-url", dsn_, "--schema", longest, "migrate"});
+  EXPECT_EQ(ok.exit_code, 0) << ok;
+  auto enq = run_tenure({"--database-url", dsn_, "--schema", longest, "enqueue", "k"});
+  EXPECT_EQ(enq.exit_code, 0) << enq;
+  db_->exec("DROP SCHEMA " + longest + " CASCADE");
+}
+
 TEST_F(cli_pg, version_and_help_go_to_stdout) {
   auto version = run_tenure({"--version"});
   expect_success(version);
   EXPECT_TRUE(
-      std::regex_match(version.out, std::regex{R"(tenure [0-9]+\.[0-9]+\.[0-9]+ \(schema version 3\)\n)"}))
+      std::regex_match(version.out, std::regex{R"(tenure [0-9]+\.[0-9]+\.[0-9]+ \(schema version 4\)\n)"}))
       << version;
   auto help = run_tenure({"--help"});
   expect_success(help);
@@ -630,8 +645,28 @@ TEST_F(cli_pg, bench_rejects_a_negative_rate) {
   EXPECT_NE(r.err.find("--rate"), std::string::npos) << r;
 }
 
+/// A database of the test's own, dropped with it: the bench reads commits from
+/// pg_stat_database, which would also count every test running beside it in a shared one.
+class own_database {
+ public:
+  own_database(pg& admin, const std::string& dsn)
+      : admin_(admin), name_("tenure_bench_" + std::to_string(::getpid())) {
+    admin_.exec("DROP DATABASE IF EXISTS " + name_);
+    admin_.exec("CREATE DATABASE " + name_);
+    const auto slash = dsn.rfind('/');
+    dsn_ = dsn.substr(0, slash + 1) + name_;
+  }
+  ~own_database() { admin_.exec("DROP DATABASE IF EXISTS " + name_ + " WITH (FORCE)"); }
+  const std::string& dsn() const { return dsn_; }
+
+ private:
+  pg& admin_;
+  std::string name_, dsn_;
+};
+
 TEST_F(cli_pg, bench_runtime_drains_every_job_with_batched_commits) {
-  const auto j = run_bench(dsn_, {"--mode", "runtime", "--jobs", "2000", "--pickup-samples", "3"});
+  own_database own{*db_, dsn_};
+  const auto j = run_bench(own.dsn(), {"--mode", "runtime", "--jobs", "2000", "--pickup-samples", "3"});
   EXPECT_EQ(j.at("scenario"), "runtime");
   EXPECT_EQ(j.at("jobs"), 2000);  // the run ends only once all of them completed
   EXPECT_GT(j.at("drain_jobs_per_s").get<double>(), 0);
@@ -640,7 +675,8 @@ TEST_F(cli_pg, bench_runtime_drains_every_job_with_batched_commits) {
   EXPECT_GE(j.at("pickup_p99_ms").get<double>(), j.at("pickup_p50_ms").get<double>());
   EXPECT_GE(j.at("cpu_steal_pct").get<double>(), 0);
   EXPECT_EQ(j.at("schema_kept"), false);
-  EXPECT_FALSE(schema_exists(*db_, j)) << "the bench schema is dropped after the run";
+  pg in_own{own.dsn()};
+  EXPECT_FALSE(schema_exists(in_own, j)) << "the bench schema is dropped after the run";
 }
 
 TEST_F(cli_pg, bench_keep_schema_leaves_the_named_schema_for_inspection) {
