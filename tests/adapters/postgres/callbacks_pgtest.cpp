@@ -228,6 +228,41 @@ TEST_F(callbacks, two_concurrent_resumes_exactly_one_wins) {
   }
 }
 
+TEST_F(callbacks, a_resume_committed_while_a_slow_rescue_scans_is_never_also_rescued) {
+  // Many stale attempts ahead of the target make the rescue statement slow; a resume of the
+  // target's timed-out callback commits while it scans. Exactly one of them may win: the resume
+  // (returns true, the attempt runs on) or the rescue (the resume returns false).
+  db_.exec("SELECT count(*) FROM (SELECT " + s("enqueue") + "('filler', '{}', 'default', 2, NULL, 5) "
+           "FROM generate_series(1, 20000)) x");
+  while (db_.scalar("SELECT count(*) FROM " + s("claim") + "('default', 10000)") != "0") {
+  }
+  db_.exec("UPDATE " + s("receipts") + " SET claimed_at = now() - interval '2 hours'");
+  auto a = start();  // the newest job: rescue reaches it last
+  const auto id = register_cb(a, "10 milliseconds");
+  ASSERT_EQ(await(a, id), "waiting");
+  std::this_thread::sleep_for(20ms);  // its callback timed out
+  std::string rescued;
+  std::thread rescuer([&] {
+    pg conn{schema_.dsn()};
+    rescued = conn.scalar("SELECT count(*) FROM " + s("rescue_attempts") + "('1 hour') WHERE job_id = $1",
+                          {a.job_id});
+  });
+  ASSERT_TRUE(eventually([&] {
+    return db_.scalar("SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE "
+                      "'%rescue_attempts%' AND pid <> pg_backend_pid()") == "1";
+  }));
+  pg other{schema_.dsn()};
+  const auto resumed = other.scalar("SELECT " + s("resume_callback") + "($1::uuid, '{\"paid\": true}')", {id});
+  rescuer.join();
+  EXPECT_NE(resumed == "t", rescued == "1") << "resume returned " << resumed << ", rescue closed it: " << rescued;
+  if (resumed == "t") {
+    EXPECT_EQ(state_of(a), "running");
+    EXPECT_EQ(await(a, id), "resumed:{\"paid\": true}");
+  } else {
+    EXPECT_EQ(state_of(a), "available");
+  }
+}
+
 TEST_F(callbacks, resume_after_rescue_or_cancel_is_rejected) {
   // Rescued for its callback timeout.
   auto a = start();
