@@ -19,11 +19,16 @@ errc errc_from_sqlstate(std::string_view s) noexcept {
   if (s == "TN001") return errc::stale_attempt;
   if (s == "TN002") return errc::malformed_token;
   if (s == "TN003") return errc::job_not_found;
-  if (s == "40001" || s == "40P01" || s == "55P03") return errc::transient_conflict;
+  // Serialization failure, deadlock, lock timeout, and a statement cancelled (statement_timeout,
+  // pg_cancel_backend): the transaction was rolled back, the whole operation may be retried.
+  if (s == "40001" || s == "40P01" || s == "55P03" || s == "57014") return errc::transient_conflict;
+  if (s == "40003") return errc::commit_in_doubt;  // statement completion unknown
   if (s == "42501") return errc::permission_denied;
   // 3F000 invalid schema, 42P01 undefined table, 42883 undefined function: not installed.
   if (s == "3F000" || s == "42P01" || s == "42883") return errc::schema_mismatch;
-  if (s.starts_with("08") || s == "57P01" || s == "57P02" || s == "57P03" || s == "53300") {
+  // Connection trouble, shutdown, insufficient resources (class 53: disk full, out of memory,
+  // too many connections), and a read-only server (a standby, e.g. right after a failover).
+  if (s.starts_with("08") || s.starts_with("53") || s == "57P01" || s == "57P02" || s == "57P03" || s == "25006") {
     return errc::database_unavailable;
   }
   if (s.starts_with("22") || s == "42704" || s == "23514") return errc::invalid_argument;

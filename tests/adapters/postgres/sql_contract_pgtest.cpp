@@ -6,6 +6,7 @@
 #include <set>
 #include <thread>
 
+#include "adapters/postgres/connection.hpp"
 #include "support/pg.hpp"
 #include "tenure/postgres/schema.hpp"
 #include "tenure/postgres/store.hpp"
@@ -250,6 +251,29 @@ TEST_F(sql_contract, backoff_is_capped_without_overflow_however_many_attempts_fa
                                          " WHERE id = $1", {id}));
   EXPECT_GE(wait, 43'100);
   EXPECT_LE(wait, 86'400);
+}
+
+TEST(sqlstate_mapping, transient_and_unavailable_states_are_never_reported_as_permanent) {
+  using tenure::errc;
+  using tenure::postgres::detail::errc_from_sqlstate;
+  for (const char* s : {"40001", "40P01", "55P03", "57014"}) EXPECT_EQ(errc_from_sqlstate(s), errc::transient_conflict) << s;
+  for (const char* s : {"08006", "53100", "53200", "53300", "57P01", "25006"}) {
+    EXPECT_EQ(errc_from_sqlstate(s), errc::database_unavailable) << s;
+  }
+  EXPECT_EQ(errc_from_sqlstate("40003"), errc::commit_in_doubt);
+  EXPECT_EQ(errc_from_sqlstate("22P05"), errc::invalid_argument);
+  EXPECT_EQ(errc_from_sqlstate("XX000"), errc::database_error);
+}
+
+TEST_F(sql_contract, a_statement_cancelled_by_statement_timeout_is_a_transient_conflict) {
+  std::string why;
+  auto c = tenure::postgres::detail::connection::open(schema_.dsn(), &why);
+  ASSERT_TRUE(c) << why;
+  ASSERT_TRUE(c.value()->exec_script("SET statement_timeout = 50", tenure::postgres::detail::effect::read));
+  auto r = c.value()->exec_script("SELECT pg_sleep(5)", tenure::postgres::detail::effect::read, &why);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), tenure::errc::transient_conflict) << why;
+  EXPECT_TRUE(c.value()->ok()) << "the session survives a cancelled statement";
 }
 
 TEST_F(sql_contract, rescue_makes_attempts_available_at_once_or_failed_when_spent) {
