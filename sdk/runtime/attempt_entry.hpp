@@ -9,7 +9,9 @@
 #include <string>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
+#include "sdk/runtime/storable.hpp"
 #include "tenure/job.hpp"
 #include "sdk/storage_port.hpp"
 
@@ -95,6 +97,19 @@ struct attempt_entry {
   void restore_progress(std::string json) {
     std::lock_guard lock(mu);
     if (!progress) progress = std::move(json);
+  }
+
+  /// `v` as JSON text PostgreSQL can store (storable_json_text), with a warning naming this
+  /// attempt when something had to be replaced. `what` names the value in that warning.
+  std::string storable_progress(const nlohmann::json& v, const char* what) const {
+    bool replaced = false;
+    auto text = storable_json_text(v, &replaced);
+    if (replaced) {
+      spdlog::warn("tenure: {} of job {} lease {} queue {} held NUL characters or invalid UTF-8; stored with U+FFFD "
+                   "in their place (PostgreSQL cannot store them)",
+                   what, claim.attempt.job_id, claim.attempt.run_lease, claim.queue);
+    }
+    return text;
   }
 
   const nlohmann::json& args() const {

@@ -3,10 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include <spdlog/spdlog.h>
-
 #include "sdk/runtime/attempt_entry.hpp"
-#include "sdk/runtime/storable.hpp"
 #include "tenure/runtime.hpp"
 
 namespace tenure {
@@ -67,14 +64,7 @@ void job_context::set_progress(int percent, std::string message, nlohmann::json 
   nlohmann::json p = {{"percent", percent}};
   if (!message.empty()) p["message"] = std::move(message);
   if (!metadata.is_null()) p["metadata"] = std::move(metadata);
-  bool replaced = false;
-  entry_->put_progress(detail::storable_json_text(p, &replaced));
-  if (replaced) {
-    const auto& a = entry_->claim;
-    spdlog::warn("tenure: progress of job {} lease {} queue {} held NUL characters or invalid UTF-8; stored with "
-                 "U+FFFD in their place (PostgreSQL cannot store them)",
-                 a.attempt.job_id, a.attempt.run_lease, a.queue);
-  }
+  entry_->put_progress(entry_->storable_progress(p, "progress"));
 }
 result<bool> job_context::flush_progress() {
   const auto& a = entry_->claim.attempt;

@@ -233,14 +233,14 @@ struct runtime::impl {
     }
     q.error_backoff = milliseconds{0};
     auto& got = r.value();
-    q.free += asked - static_cast<int>(got.size());
     if (abandoning) {
       // Claimed while stop() was giving up on handlers: nothing will run them here, so they
-      // go back at once, without spending an attempt.
-      q.free += static_cast<int>(got.size());
+      // go back at once, without spending an attempt (and without holding permits).
+      q.free += asked;
       for (auto& c : got) give_back(std::move(c));
       return;
     }
+    q.free += asked - static_cast<int>(got.size());
     for (auto& c : got) start_attempt(std::move(c));
     if (static_cast<int>(got.size()) == asked) {
       q.drained = false;
@@ -339,14 +339,7 @@ struct runtime::impl {
       // The final progress becomes storable JSON text here, off the control thread.
       std::optional<std::string> progress;
       if (outcome.what() == job_outcome::kind::completed && outcome.progress()) {
-        bool replaced = false;
-        progress = detail::storable_json_text(*outcome.progress(), &replaced);
-        if (replaced) {
-          const auto& a = entry->claim;
-          spdlog::warn("tenure: final progress of job {} lease {} queue {} held NUL characters or invalid UTF-8; "
-                       "stored with U+FFFD in their place (PostgreSQL cannot store them)",
-                       a.attempt.job_id, a.attempt.run_lease, a.queue);
-        }
+        progress = entry->storable_progress(*outcome.progress(), "final progress");
       }
       on_ctl([this, entry, outcome = std::move(outcome), progress = std::move(progress)]() mutable {
         on_outcome(entry, std::move(outcome), std::move(progress));

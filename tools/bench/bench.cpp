@@ -238,6 +238,29 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
           {"peak_rss_mb", rounded(peak_rss_mb(), 1)}};
 }
 
+/// One round of the leanest plain-SQL drain: claim up to `batch` jobs, tell
+/// `on_claimed(job_id, when the claim returned)` of each, complete them all with one guarded statement and add
+/// the completions to `completed`. Returns how many were claimed (0: the queue was empty).
+template <class OnClaimed>
+std::size_t claim_and_complete(pg_session& s, const std::string& schema, int batch, std::atomic<long>& completed,
+                               OnClaimed&& on_claimed) {
+  auto rows = s.query("SELECT job_id, run_lease FROM " + schema + ".claim_attempts('" + k_queue + "', " +
+                          std::to_string(batch) + ", NULL, NULL)",
+                      {}, "bench: claim");
+  const auto claimed_at = clock::now();
+  if (rows.empty()) return 0;
+  std::string ids = "{", leases = "{";
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    ids += (i ? "," : "") + *rows[i].at(0);
+    leases += (i ? "," : "") + *rows[i].at(1);
+    on_claimed(std::stoll(*rows[i].at(0)), claimed_at);
+  }
+  auto c = s.query("SELECT count(*) FROM " + schema + ".complete_batch($1::bigint[], $2::bigint[])",
+                   {ids + "}", leases + "}"}, "bench: complete");
+  completed += std::stol(*c.at(0).at(0));
+  return rows.size();
+}
+
 /// The leanest plain-SQL loop on the same schema: claim 100, complete them with one guarded
 /// statement, repeat, on several connections at once.
 nlohmann::json run_sql_limit(const options& o, const std::string& schema) {
@@ -255,25 +278,7 @@ nlohmann::json run_sql_limit(const options& o, const std::string& schema) {
     threads.emplace_back([&] {
       try {
         pg_session s(o.dsn);
-        for (;;) {
-          auto rows = s.query("SELECT job_id, run_lease FROM " + schema + ".claim_attempts('" + k_queue +
-                                  "', 100, NULL, NULL)",
-                              {}, "bench: claim");
-          if (rows.empty()) break;
-          std::string ids = "{", leases = "{";
-          for (std::size_t i = 0; i < rows.size(); ++i) {
-            if (i) {
-              ids += ',';
-              leases += ',';
-            }
-            ids += *rows[i][0];
-            leases += *rows[i][1];
-          }
-          ids += '}';
-          leases += '}';
-          auto c = s.query("SELECT count(*) FROM " + schema + ".complete_batch($1::bigint[], $2::bigint[])",
-                           {ids, leases}, "bench: complete");
-          done += std::stol(*c.at(0).at(0));
+        while (claim_and_complete(s, schema, 100, done, [](std::int64_t, clock::time_point) {}) > 0) {
         }
       } catch (const std::exception& e) {
         std::lock_guard lock(err_mu);
@@ -447,22 +452,9 @@ class sql_drainer {
       : thread_([this, dsn, schema, &log] {
           try {
             pg_session s(dsn);
-            const std::string claim = "SELECT job_id, run_lease FROM " + schema + ".claim_attempts('" +
-                                      k_queue + "', 1000, NULL, NULL)";
-            const std::string complete =
-                "SELECT count(*) FROM " + schema + ".complete_batch($1::bigint[], $2::bigint[])";
             while (!stop_.load()) {
-              auto rows = s.query(claim, {}, "bench: claim");
-              const auto now = clock::now();
-              if (rows.empty()) continue;
-              std::vector<std::int64_t> ids, leases;
-              for (const auto& r : rows) {
-                ids.push_back(std::stoll(*r.at(0)));
-                leases.push_back(std::stoll(*r.at(1)));
-                log.start(ids.back(), now);
-              }
-              auto c = s.query(complete, {int_array(ids), int_array(leases)}, "bench: complete");
-              completed_ += std::stol(*c.at(0).at(0));
+              claim_and_complete(s, schema, 1000, completed_,
+                                 [&](std::int64_t id, clock::time_point at) { log.start(id, at); });
             }
           } catch (const std::exception& e) {
             std::lock_guard lock(err_mu_);
@@ -470,7 +462,10 @@ class sql_drainer {
             failed_ = true;
           }
         }) {}
-  ~sql_drainer() { finish(); }
+  ~sql_drainer() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
   long completed() const { return completed_.load(); }
   bool failed() const { return failed_.load(); }
   /// Stops the loop; throws what made it fail, if anything did.
@@ -482,11 +477,6 @@ class sql_drainer {
   }
 
  private:
-  static std::string int_array(const std::vector<std::int64_t>& v) {
-    std::string out = "{";
-    for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
-    return out + "}";
-  }
   std::atomic<bool> stop_{false};
   std::atomic<bool> failed_{false};
   std::atomic<long> completed_{0};
