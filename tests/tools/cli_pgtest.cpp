@@ -605,6 +605,13 @@ TEST_F(cli_pg, bench_enqueue_single_prints_all_three_phases_and_their_ratios) {
   EXPECT_GE(j.at("sql_limit_pickup_p99_ms").get<double>(), j.at("sql_limit_pickup_p50_ms").get<double>());
   EXPECT_NEAR(j.at("pickup_p99_ratio_to_sql_limit").get<double>(),
               j.at("pickup_p99_ms").get<double>() / j.at("sql_limit_pickup_p99_ms").get<double>(), 0.01);
+  // A durable commit's round trip under this load, from both sides: never zero, p99 over p50.
+  EXPECT_GT(j.at("producer_commit_p50_ms").get<double>(), 0);
+  EXPECT_GE(j.at("producer_commit_p99_ms").get<double>(), j.at("producer_commit_p50_ms").get<double>());
+  EXPECT_GT(j.at("sql_limit_claim_p50_ms").get<double>(), 0);
+  EXPECT_GE(j.at("sql_limit_claim_p99_ms").get<double>(), j.at("sql_limit_claim_p50_ms").get<double>());
+  // The bare drain's pickup includes its claim's round trip.
+  EXPECT_GE(j.at("sql_limit_pickup_p99_ms").get<double>(), j.at("sql_limit_claim_p50_ms").get<double>());
   const double drained = j.at("enqueue_jobs_per_s"), undrained = j.at("undrained_enqueue_jobs_per_s");
   EXPECT_GT(drained, 0);
   EXPECT_GT(undrained, 0);

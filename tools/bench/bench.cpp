@@ -240,15 +240,18 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
 
 /// One round of the leanest plain-SQL drain: claim up to `batch` jobs, tell
 /// `on_claimed(job_id, when the claim returned)` of each, complete them all with one guarded statement and add
-/// the completions to `completed`. Returns how many were claimed (0: the queue was empty).
+/// the completions to `completed`. Returns how many were claimed (0: the queue was empty). With
+/// `claim_ms`, the round trip of every claim that took jobs is added to it.
 template <class OnClaimed>
 std::size_t claim_and_complete(pg_session& s, const std::string& schema, int batch, std::atomic<long>& completed,
-                               OnClaimed&& on_claimed) {
+                               OnClaimed&& on_claimed, std::vector<double>* claim_ms = nullptr) {
+  const auto sent = clock::now();
   auto rows = s.query("SELECT job_id, run_lease FROM " + schema + ".claim_attempts('" + k_queue + "', " +
                           std::to_string(batch) + ", NULL, NULL)",
                       {}, "bench: claim");
   const auto claimed_at = clock::now();
   if (rows.empty()) return 0;
+  if (claim_ms) claim_ms->push_back(std::chrono::duration<double, std::milli>(claimed_at - sent).count());
   std::string ids = "{", leases = "{";
   for (std::size_t i = 0; i < rows.size(); ++i) {
     ids += (i ? "," : "") + *rows[i].at(0);
@@ -343,7 +346,8 @@ class notify_counter {
 struct producer_run {
   long jobs = 0;
   double seconds = 0;
-  cpu_share cpu;  ///< while the producers ran
+  cpu_share cpu;                ///< while the producers ran
+  std::vector<double> commit_ms;  ///< each COMMIT's round trip: one durable commit under this load
 };
 
 /// What web backends do on every request: `producers` connections each run BEGIN, a business
@@ -358,6 +362,7 @@ producer_run run_producers(const options& o, const std::string& schema, const st
   std::atomic<long> total{0};
   std::mutex err_mu;
   std::string error;
+  std::vector<double> commit_ms;
   std::vector<std::thread> producers;
   const cpu_meter cpu;
   const auto t0 = clock::now();
@@ -387,6 +392,7 @@ producer_run run_producers(const options& o, const std::string& schema, const st
             {"c", "COMMIT"}};
         for (const auto& [name, sql] : statements) PQclear(PQprepare(c, name, sql.c_str(), 0, nullptr));
         auto due = t0 + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(period * p / o.producers));
+        std::vector<double> mine;
         while (!stop.load()) {
           if (period > 0) {
             std::this_thread::sleep_until(due);
@@ -396,10 +402,15 @@ producer_run run_producers(const options& o, const std::string& schema, const st
           step("b");
           step("i");
           const auto id = std::stoll(step("e"));
+          const auto commit_sent = clock::now();
           step("c");
+          const auto committed = clock::now();
           ++total;
-          on_commit(id, clock::now());
+          mine.push_back(std::chrono::duration<double, std::milli>(committed - commit_sent).count());
+          on_commit(id, committed);
         }
+        std::lock_guard lock(err_mu);
+        commit_ms.insert(commit_ms.end(), mine.begin(), mine.end());
       } catch (const std::exception& e) {
         std::lock_guard lock(err_mu);
         error = e.what();
@@ -410,7 +421,7 @@ producer_run run_producers(const options& o, const std::string& schema, const st
   std::this_thread::sleep_for(std::chrono::duration<double>(o.seconds));
   stop = true;
   for (auto& t : producers) t.join();
-  producer_run out{total.load(), seconds_since(t0), cpu.share()};
+  producer_run out{total.load(), seconds_since(t0), cpu.share(), std::move(commit_ms)};
   if (!error.empty()) throw std::runtime_error(error);
   return out;
 }
@@ -454,7 +465,7 @@ class sql_drainer {
             pg_session s(dsn);
             while (!stop_.load()) {
               claim_and_complete(s, schema, 1000, completed_,
-                                 [&](std::int64_t id, clock::time_point at) { log.start(id, at); });
+                                 [&](std::int64_t id, clock::time_point at) { log.start(id, at); }, &claim_ms_);
             }
           } catch (const std::exception& e) {
             std::lock_guard lock(err_mu_);
@@ -468,6 +479,8 @@ class sql_drainer {
   }
   long completed() const { return completed_.load(); }
   bool failed() const { return failed_.load(); }
+  /// Round trips of the claims that took jobs; read after finish().
+  const std::vector<double>& claim_ms() const { return claim_ms_; }
   /// Stops the loop; throws what made it fail, if anything did.
   void finish() {
     stop_ = true;
@@ -480,6 +493,7 @@ class sql_drainer {
   std::atomic<bool> stop_{false};
   std::atomic<bool> failed_{false};
   std::atomic<long> completed_{0};
+  std::vector<double> claim_ms_;  ///< written by the drain thread only
   std::mutex err_mu_;
   std::string error_;
   std::thread thread_;  ///< last: starts once everything above exists
@@ -537,11 +551,13 @@ nlohmann::json run_enqueue_single(const options& o, const std::string& schema) {
   reset("true");
   pickup_log bare_log;
   producer_run bare;
+  std::vector<double> bare_claim_ms;
   {
     sql_drainer bare_drain(o.dsn, schema, bare_log);
     bare = run_producers(o, schema, k_queue, [&](std::int64_t id, clock::time_point when) { bare_log.commit(id, when); });
     wait_for([&] { return bare_drain.completed() >= bare.jobs || bare_drain.failed(); }, 120s, "the bare SQL drain");
     bare_drain.finish();
+    bare_claim_ms = bare_drain.claim_ms();
   }
   const auto bare_lat = bare_log.latencies();
 
@@ -577,6 +593,13 @@ nlohmann::json run_enqueue_single(const options& o, const std::string& schema) {
           {"sql_limit_pickup_p95_ms", percentile(bare_lat, 0.95)},
           {"sql_limit_pickup_p99_ms", bare_p99},
           {"pickup_p99_ratio_to_sql_limit", bare_p99 > 0 ? rounded(p99 / bare_p99, 2) : 0.0},
+          // What one durable commit takes under this load, in the same phases: the producers'
+          // COMMIT round trip while the runtime drained, and the bare drain's claim round trip
+          // (a claim that took jobs commits durably before any of them can start).
+          {"producer_commit_p50_ms", percentile(drained.commit_ms, 0.50)},
+          {"producer_commit_p99_ms", percentile(drained.commit_ms, 0.99)},
+          {"sql_limit_claim_p50_ms", percentile(bare_claim_ms, 0.50)},
+          {"sql_limit_claim_p99_ms", percentile(bare_claim_ms, 0.99)},
           {"sql_limit_cpu_steal_pct", bare.cpu.steal_pct},
           {"wal_bytes_per_job", std::round((after.wal_bytes - before.wal_bytes) / jobs)},
           // Every commit in the database, the producers' own one per job included; the drain's
