@@ -41,6 +41,43 @@ result<int> read_version(connection& c, std::string_view schema, std::string* de
   return static_cast<int>(v.value().int64(0, 0));
 }
 
+/// tenure owns its schema: its migrations revoke PUBLIC's rights on the schema and on every
+/// function in it. Installed into a schema that already holds the application's objects (or into
+/// `public`, which every role uses), that would silently take EXECUTE on the application's own
+/// functions and USAGE on the schema away from every other role. So a fresh install goes only
+/// into a new schema, or an existing empty one (one a DBA created for tenure, with its owner);
+/// a schema tenure already installed is upgraded as usual.
+result<void> refuse_foreign_schema(connection& c, const std::string& schema, std::string* detail) {
+  const std::string name = c.quote_literal(schema);
+  auto r = c.exec_script(
+      "SELECT n.oid IS NOT NULL, "
+      "       to_regclass(" + c.quote_literal(schema + ".schema_version") + ") IS NOT NULL, "
+      "       (SELECT count(*) FROM pg_class WHERE relnamespace = n.oid) "
+      "     + (SELECT count(*) FROM pg_proc WHERE pronamespace = n.oid) "
+      "     + (SELECT count(*) FROM pg_type WHERE typnamespace = n.oid AND typrelid = 0 AND typelem = 0) "
+      "FROM (SELECT 1) one LEFT JOIN pg_namespace n ON n.nspname = " + name,
+      effect::read, detail);
+  if (!r) return r.error();
+  const bool exists = r.value().boolean(0, 0), installed = r.value().boolean(0, 1);
+  const auto objects = r.value().int64(0, 2);
+  if (installed || (exists && objects == 0 && schema != "public") || (!exists && !schema.starts_with("pg_"))) {
+    return success();
+  }
+  if (detail) {
+    if (schema.starts_with("pg_")) {
+      *detail = "schema '" + schema + "': names starting with pg_ are reserved for PostgreSQL's own schemas";
+    } else {
+      *detail = "schema '" + schema + "' already exists" +
+                (objects > 0 ? " and holds " + std::to_string(objects) + " object(s) tenure did not create"
+                             : " and is PostgreSQL's default schema, which every role uses") +
+                "; tenure revokes PUBLIC's rights on its schema and on every function in it, so it installs "
+                "only into a schema of its own: choose another schema name (the default is tenure), or "
+                "create an empty schema for it";
+    }
+  }
+  return errc::invalid_argument;
+}
+
 result<std::unique_ptr<connection>> connect_checked(std::string_view dsn, std::string_view schema,
                                                    std::string* detail) {
   if (!valid_schema_name(schema)) {
@@ -81,9 +118,19 @@ result<int> detail::migrate_up_to(std::string_view dsn, std::string_view schema,
   const int known = known_schema_version();
 
   // One transaction: concurrent migrators wait on the advisory lock, then see the new version.
+  auto locked = c->exec_script(
+      "BEGIN; SELECT pg_advisory_xact_lock(hashtext(" + c->quote_literal("tenure.migrate:" + s) + "));",
+      effect::write, detail);
+  if (!locked) {
+    c->reset_transaction();
+    return locked.error();
+  }
+  if (auto foreign = refuse_foreign_schema(*c, s, detail); !foreign) {
+    c->reset_transaction();
+    return foreign.error();
+  }
   auto begin = c->exec_script(
-      "BEGIN; SELECT pg_advisory_xact_lock(hashtext(" + c->quote_literal("tenure.migrate:" + s) +
-          ")); CREATE SCHEMA IF NOT EXISTS " + s + "; CREATE TABLE IF NOT EXISTS " + s +
+      "CREATE SCHEMA IF NOT EXISTS " + s + "; CREATE TABLE IF NOT EXISTS " + s +
           ".schema_version (version int PRIMARY KEY, name text NOT NULL, "
           "applied_at timestamptz NOT NULL DEFAULT now()); REVOKE ALL ON " + s +
           ".schema_version FROM PUBLIC;",

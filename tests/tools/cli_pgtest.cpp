@@ -561,6 +561,18 @@ TEST_F(cli_pg, a_schema_name_too_long_for_its_notification_channels_is_refused_b
   db_->exec("DROP SCHEMA " + longest + " CASCADE");
 }
 
+TEST_F(cli_pg, migrate_into_a_schema_holding_other_objects_is_refused_with_the_reason) {
+  // tenure revokes PUBLIC's rights on everything in its schema: never on the application's own.
+  const std::string app = "cli_app_" + random_hex(8);
+  db_->exec("CREATE SCHEMA " + app);
+  db_->exec("CREATE FUNCTION " + app + ".answer() RETURNS int LANGUAGE sql AS 'SELECT 42'");
+  auto r = run_tenure({"--database-url", dsn_, "--schema", app, "migrate"});
+  expect_one_error_line(r, 2, "tenure: ");
+  EXPECT_NE(r.err.find("holds 1 object(s) tenure did not create"), std::string::npos) << r;
+  EXPECT_EQ(db_->exec("SELECT has_function_privilege('public', '" + app + ".answer()', 'EXECUTE')"), "t");
+  db_->exec("DROP SCHEMA " + app + " CASCADE");
+}
+
 TEST_F(cli_pg, version_and_help_go_to_stdout) {
   auto version = run_tenure({"--version"});
   expect_success(version);

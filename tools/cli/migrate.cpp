@@ -10,7 +10,12 @@ namespace {
 int run_migrate(const context& ctx) {
   std::string detail;
   auto before = postgres::migrate(ctx.dsn(), ctx.schema, &detail);
-  if (!before) throw adapter_error("cannot migrate schema " + ctx.schema, before.error(), std::move(detail));
+  if (!before) {
+    auto e = adapter_error("cannot migrate schema " + ctx.schema, before.error(), std::move(detail));
+    // A schema tenure may not install into is a wrong --schema, as a malformed name is.
+    if (before.error() == errc::invalid_argument) throw command_error(e.what(), k_exit_usage);
+    throw e;
+  }
   const int known = postgres::known_schema_version();
   if (before.value() == known) {
     std::cout << "schema " << ctx.schema << ": already at version " << known << '\n';

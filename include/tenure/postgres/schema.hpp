@@ -20,7 +20,10 @@ bool valid_schema_name(std::string_view schema) noexcept;
 
 /// Installs or upgrades the schema (default `tenure`) to known_schema_version(). Idempotent:
 /// a database already at that version is left untouched. Concurrent migrators serialize on an
-/// advisory lock. A database at a newer version is refused with errc::schema_mismatch.
+/// advisory lock. A database at a newer version is refused with errc::schema_mismatch. A fresh
+/// install goes only into a new or empty schema (tenure revokes PUBLIC's rights on everything in
+/// its schema): `public`, names starting with `pg_`, and a schema that already holds other
+/// objects are refused with errc::invalid_argument before anything is changed.
 /// Returns the version before the call (0 = was not installed).
 result<int> migrate(std::string_view dsn, std::string_view schema = "tenure",
                     std::string* detail = nullptr);

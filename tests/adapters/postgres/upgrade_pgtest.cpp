@@ -86,4 +86,85 @@ TEST(schema_upgrade, every_older_version_upgrades_with_open_attempts_kept_and_st
   }
 }
 
+// ---- where a fresh install may go --------------------------------------------------------------
+
+// An application's schema: a table and a function every role may call, as PostgreSQL grants it.
+struct app_schema {
+  std::string dsn, name;
+  pg db{dsn};
+  app_schema(std::string d, std::string n) : dsn(std::move(d)), name(std::move(n)) {
+    db.exec("CREATE SCHEMA " + name);
+    db.exec("CREATE TABLE " + name + ".orders (id bigint)");
+    db.exec("CREATE FUNCTION " + name + ".order_count() RETURNS bigint LANGUAGE sql AS 'SELECT count(*) FROM " +
+            name + ".orders'");
+    db.exec("GRANT USAGE ON SCHEMA " + name + " TO PUBLIC");
+  }
+  ~app_schema() { db.query("DROP SCHEMA IF EXISTS " + name + " CASCADE"); }
+  bool public_may(const std::string& privilege_check) { return db.scalar("SELECT " + privilege_check) == "t"; }
+};
+
+TEST(schema_install, a_schema_holding_the_applications_objects_is_refused_and_their_grants_are_left_alone) {
+  app_schema app{tenure::test::test_dsn(), "app_" + tenure::test::random_suffix()};
+  std::string why;
+  auto m = tenure::postgres::migrate(app.dsn, app.name, &why);
+  ASSERT_FALSE(m);
+  EXPECT_EQ(m.error(), tenure::errc::invalid_argument);
+  EXPECT_NE(why.find("already exists and holds 2 object(s) tenure did not create"), std::string::npos) << why;
+  EXPECT_NE(why.find("choose another schema name"), std::string::npos) << why;
+  // Nothing of tenure's was created, and PUBLIC keeps what it had on the application's objects.
+  EXPECT_EQ(app.db.scalar("SELECT to_regclass('" + app.name + ".schema_version') IS NULL"), "t");
+  EXPECT_TRUE(app.public_may("has_function_privilege('public', '" + app.name + ".order_count()', 'EXECUTE')"));
+  EXPECT_TRUE(app.public_may("has_schema_privilege('public', '" + app.name + "', 'USAGE')"));
+}
+
+TEST(schema_install, an_existing_empty_schema_created_for_tenure_is_installed_into_and_upgraded_later) {
+  const std::string dsn = tenure::test::test_dsn();
+  const std::string schema = "empty_" + tenure::test::random_suffix();
+  const cleanup drop{dsn, schema, schema + "_role"};
+  pg db{dsn};
+  db.exec("CREATE SCHEMA " + schema);  // as a DBA would, to choose its owner
+  std::string why;
+  auto first = tenure::postgres::detail::migrate_up_to(dsn, schema, 1, &why);
+  ASSERT_TRUE(first) << why;
+  EXPECT_EQ(first.value(), 0);
+  // Now it holds tenure's own objects: an upgrade is not a fresh install and goes ahead.
+  auto upgraded = tenure::postgres::migrate(dsn, schema, &why);
+  ASSERT_TRUE(upgraded) << why;
+  EXPECT_EQ(upgraded.value(), 1);
+  EXPECT_EQ(db.scalar("SELECT max(version) FROM " + schema + ".schema_version"),
+            std::to_string(tenure::postgres::known_schema_version()));
+}
+
+TEST(schema_install, public_and_names_reserved_by_postgresql_are_refused) {
+  // In a database of the test's own, so that even a wrong answer could not touch the shared one.
+  const std::string dsn = tenure::test::test_dsn();
+  const std::string name = "tenure_install_" + tenure::test::random_suffix();
+  pg admin{dsn};
+  admin.exec("CREATE DATABASE " + name);
+  struct drop_db {
+    pg& admin;
+    std::string name;
+    ~drop_db() { admin.query("DROP DATABASE IF EXISTS " + name + " WITH (FORCE)"); }
+  } drop{admin, name};
+  const std::string own = dsn.substr(0, dsn.rfind('/') + 1) + name;
+  pg db{own};
+  ASSERT_EQ(db.scalar("SELECT has_schema_privilege('public', 'public', 'USAGE')"), "t");
+
+  std::string why;
+  auto into_public = tenure::postgres::migrate(own, "public", &why);
+  ASSERT_FALSE(into_public);
+  EXPECT_EQ(into_public.error(), tenure::errc::invalid_argument);
+  EXPECT_NE(why.find("PostgreSQL's default schema, which every role uses"), std::string::npos) << why;
+  EXPECT_EQ(db.scalar("SELECT has_schema_privilege('public', 'public', 'USAGE')"), "t");
+  EXPECT_EQ(db.scalar("SELECT to_regclass('public.schema_version') IS NULL"), "t");
+
+  for (const std::string reserved : {"pg_catalog", "pg_tenure"}) {
+    auto m = tenure::postgres::migrate(own, reserved, &why);
+    ASSERT_FALSE(m) << reserved;
+    EXPECT_EQ(m.error(), tenure::errc::invalid_argument);
+    EXPECT_NE(why.find("reserved for PostgreSQL"), std::string::npos) << why;
+  }
+  EXPECT_EQ(db.scalar("SELECT count(*) FROM pg_namespace WHERE nspname = 'pg_tenure'"), "0");
+}
+
 }  // namespace
