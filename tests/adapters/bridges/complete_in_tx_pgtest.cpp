@@ -7,6 +7,8 @@
 #include <thread>
 #include <optional>
 
+#include <sys/socket.h>
+
 #include <soci/postgresql/soci-postgresql.h>
 
 #include "support/pg.hpp"
@@ -35,6 +37,8 @@ class caller_tx {
   virtual result<finalization_receipt> complete(const finalization_token& t, const finalize_options& o) = 0;
   virtual bool commit() = 0;  ///< false when the server refused (e.g. the transaction was aborted)
   virtual void rollback() = 0;
+  virtual int backend_pid() = 0;  ///< the server process behind the caller's connection
+  virtual int socket() = 0;       ///< the client end of the caller's connection
 };
 
 class libpq_tx final : public caller_tx {
@@ -53,6 +57,8 @@ class libpq_tx final : public caller_tx {
     return ok;
   }
   void rollback() override { db_.query("ROLLBACK"); }
+  int backend_pid() override { return PQbackendPID(db_.native()); }
+  int socket() override { return PQsocket(db_.native()); }
   PGconn* native() { return db_.native(); }
 
  private:
@@ -81,6 +87,9 @@ class soci_tx final : public caller_tx {
   void rollback() override {
     if (tx_) tx_->rollback();
   }
+  int backend_pid() override { return PQbackendPID(native()); }
+  int socket() override { return PQsocket(native()); }
+  PGconn* native() { return static_cast<soci::postgresql_session_backend*>(session_.get_backend())->conn_; }
   soci::session& session() { return session_; }
 
  private:
@@ -108,6 +117,8 @@ class pqxx_tx final : public caller_tx {
     }
   }
   void rollback() override { work_->abort(); }
+  int backend_pid() override { return conn_.backendpid(); }
+  int socket() override { return conn_.sock(); }
 
  private:
   pqxx::connection conn_;
@@ -268,6 +279,48 @@ TEST_P(complete_in_tx, cancel_waiting_on_the_open_transaction_loses_once_the_cal
   EXPECT_FALSE(cancel_result->value()) << "the job was already finished";
   EXPECT_EQ(job(c.attempt.job_id), "completed 1");
   EXPECT_EQ(orders(), 1);
+}
+
+TEST_P(complete_in_tx, a_connection_lost_inside_the_callers_transaction_is_unavailable_not_a_permanent_error) {
+  // The caller's backend is terminated between its business write and complete_in_tx: the
+  // transaction is gone with it. That is database_unavailable (retry the whole transaction on a
+  // new connection), never database_error, which reads as permanent.
+  const auto c = claim_one();
+  auto tx = open_tx();
+  tx->begin();
+  tx->exec(insert_order(c));
+  ASSERT_EQ(check_.scalar("SELECT pg_terminate_backend($1)", {std::to_string(tx->backend_pid())}), "t");
+  for (int i = 0; i < 100 && check_.scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+                                           {std::to_string(tx->backend_pid())}) != "0"; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  auto r = tx->complete(c.token(), opts_);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), errc::database_unavailable) << r.error().message();
+  EXPECT_EQ(job(c.attempt.job_id), "running 1") << "the attempt stays open for a retry or for rescue";
+  EXPECT_EQ(orders(), 0);
+}
+
+TEST_P(complete_in_tx, a_connection_that_breaks_without_a_word_from_the_server_is_unavailable_too) {
+  // No FATAL message this time: the caller's socket itself breaks (as when a network path or a
+  // pooler drops it), so the client library sees no SQLSTATE at all.
+  const auto c = claim_one();
+  auto tx = open_tx();
+  tx->begin();
+  tx->exec(insert_order(c));
+  ASSERT_EQ(::shutdown(tx->socket(), SHUT_RDWR), 0);
+  auto r = tx->complete(c.token(), opts_);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), errc::database_unavailable) << r.error().message();
+  // The server ends the orphaned transaction once it notices the closed socket.
+  for (int i = 0; i < 200 && orders() == 0 && job(c.attempt.job_id) == "running 1" &&
+                  check_.scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+                                {std::to_string(tx->backend_pid())}) != "0";
+       ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(job(c.attempt.job_id), "running 1");
+  EXPECT_EQ(orders(), 0);
 }
 
 TEST_P(complete_in_tx, heartbeated_attempt_with_flushed_progress_completes_like_a_receipt_only_one) {

@@ -1,6 +1,8 @@
 // Transactional enqueue from C++ through the caller's own SOCI session and transaction.
 #include <gtest/gtest.h>
 
+#include <sys/socket.h>
+
 #include <soci/postgresql/soci-postgresql.h>
 
 #include "support/pg.hpp"
@@ -99,6 +101,37 @@ TEST_F(soci_enqueue, batch_with_one_invalid_job_writes_nothing) {
   ASSERT_FALSE(ids);
   EXPECT_EQ(ids.error(), tenure::errc::invalid_argument);
   EXPECT_EQ(count("SELECT count(*) FROM " + schema_.name() + ".jobs"), 0);
+}
+
+TEST_F(soci_enqueue, a_connection_lost_inside_the_callers_transaction_is_unavailable_not_a_permanent_error) {
+  auto* be = static_cast<soci::postgresql_session_backend*>(session_.get_backend());
+  // Once with a word from the server (its backend terminated), once without (the socket breaks).
+  for (const bool terminate : {true, false}) {
+    SCOPED_TRACE(terminate ? "backend terminated" : "socket broken");
+    session_.reconnect();
+    be = static_cast<soci::postgresql_session_backend*>(session_.get_backend());
+    soci::transaction tx(session_);
+    session_ << "INSERT INTO " + schema_.name() + ".orders (note) VALUES ('paid')";
+    if (terminate) {
+      ASSERT_EQ(check_.scalar("SELECT pg_terminate_backend($1)", {std::to_string(PQbackendPID(be->conn_))}), "t");
+    } else {
+      ASSERT_EQ(::shutdown(PQsocket(be->conn_), SHUT_RDWR), 0);
+    }
+    auto id = tenure::enqueue(session_, {.kind = "charge"}, opts_);
+    ASSERT_FALSE(id);
+    EXPECT_EQ(id.error(), tenure::errc::database_unavailable) << id.error().message();
+    std::vector<tenure::new_job> two{{.kind = "a"}, {.kind = "b"}};
+    auto batch = tenure::enqueue_batch(session_, two, opts_);
+    ASSERT_FALSE(batch);
+    EXPECT_EQ(batch.error(), tenure::errc::database_unavailable) << batch.error().message();
+    try {
+      tx.rollback();
+    } catch (const soci::soci_error&) {
+      // The transaction went with the connection.
+    }
+  }
+  EXPECT_EQ(count("SELECT count(*) FROM " + schema_.name() + ".jobs"), 0);
+  EXPECT_EQ(count("SELECT count(*) FROM " + schema_.name() + ".orders"), 0);
 }
 
 }  // namespace
