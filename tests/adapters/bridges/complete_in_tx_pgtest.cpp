@@ -171,6 +171,27 @@ class complete_in_tx : public ::testing::TestWithParam<bridge> {
     EXPECT_FALSE(tx->commit()) << "the aborted transaction cannot commit";
     EXPECT_EQ(orders(), 0);
   }
+  /// A business write, then `break_it` takes the caller's connection away, then complete_in_tx:
+  /// database_unavailable, and neither the completion nor the business row exists once the
+  /// server has ended the orphaned transaction.
+  template <class BreakIt>
+  void expect_a_lost_connection_is_unavailable(BreakIt&& break_it) {
+    const auto c = claim_one();
+    auto tx = open_tx();
+    tx->begin();
+    tx->exec(insert_order(c));
+    const std::string pid = std::to_string(tx->backend_pid());
+    break_it(*tx);
+    auto r = tx->complete(c.token(), opts_);
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error(), errc::database_unavailable) << r.error().message();
+    for (int i = 0; i < 200 && check_.scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", {pid}) != "0";
+         ++i) {
+      std::this_thread::sleep_for(10ms);
+    }
+    EXPECT_EQ(job(c.attempt.job_id), "running 1") << "the attempt stays open for a retry or for rescue";
+    EXPECT_EQ(orders(), 0);
+  }
   std::string job(std::int64_t id) {
     return check_.scalar("SELECT state || ' ' || run_lease FROM " + s("jobs") + " WHERE id = $1", {std::to_string(id)});
   }
@@ -285,42 +306,16 @@ TEST_P(complete_in_tx, a_connection_lost_inside_the_callers_transaction_is_unava
   // The caller's backend is terminated between its business write and complete_in_tx: the
   // transaction is gone with it. That is database_unavailable (retry the whole transaction on a
   // new connection), never database_error, which reads as permanent.
-  const auto c = claim_one();
-  auto tx = open_tx();
-  tx->begin();
-  tx->exec(insert_order(c));
-  ASSERT_EQ(check_.scalar("SELECT pg_terminate_backend($1)", {std::to_string(tx->backend_pid())}), "t");
-  for (int i = 0; i < 100 && check_.scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
-                                           {std::to_string(tx->backend_pid())}) != "0"; ++i) {
-    std::this_thread::sleep_for(10ms);
-  }
-  auto r = tx->complete(c.token(), opts_);
-  ASSERT_FALSE(r);
-  EXPECT_EQ(r.error(), errc::database_unavailable) << r.error().message();
-  EXPECT_EQ(job(c.attempt.job_id), "running 1") << "the attempt stays open for a retry or for rescue";
-  EXPECT_EQ(orders(), 0);
+  expect_a_lost_connection_is_unavailable([this](caller_tx& tx) {
+    const std::string pid = std::to_string(tx.backend_pid());
+    ASSERT_EQ(check_.scalar("SELECT pg_terminate_backend($1)", {pid}), "t");
+  });
 }
 
 TEST_P(complete_in_tx, a_connection_that_breaks_without_a_word_from_the_server_is_unavailable_too) {
   // No FATAL message this time: the caller's socket itself breaks (as when a network path or a
   // pooler drops it), so the client library sees no SQLSTATE at all.
-  const auto c = claim_one();
-  auto tx = open_tx();
-  tx->begin();
-  tx->exec(insert_order(c));
-  ASSERT_EQ(::shutdown(tx->socket(), SHUT_RDWR), 0);
-  auto r = tx->complete(c.token(), opts_);
-  ASSERT_FALSE(r);
-  EXPECT_EQ(r.error(), errc::database_unavailable) << r.error().message();
-  // The server ends the orphaned transaction once it notices the closed socket.
-  for (int i = 0; i < 200 && orders() == 0 && job(c.attempt.job_id) == "running 1" &&
-                  check_.scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
-                                {std::to_string(tx->backend_pid())}) != "0";
-       ++i) {
-    std::this_thread::sleep_for(10ms);
-  }
-  EXPECT_EQ(job(c.attempt.job_id), "running 1");
-  EXPECT_EQ(orders(), 0);
+  expect_a_lost_connection_is_unavailable([](caller_tx& tx) { ASSERT_EQ(::shutdown(tx.socket(), SHUT_RDWR), 0); });
 }
 
 TEST_P(complete_in_tx, heartbeated_attempt_with_flushed_progress_completes_like_a_receipt_only_one) {
