@@ -57,8 +57,14 @@ const nlohmann::json& job_context::args() const { return entry_->args(); }
 finalization_token job_context::token() const noexcept { return entry_->claim.token(); }
 bool job_context::is_cancelled() const noexcept { return entry_->is_cancelled(); }
 bool job_context::wait_cancelled(milliseconds d) const {
+  // wait_for(milliseconds::max()) would overflow the clock's deadline into the past and return
+  // at once; anything past a century is "until cancelled".
+  constexpr milliseconds k_forever = std::chrono::hours{24 * 365 * 100};
   std::unique_lock lock(entry_->mu);
-  return entry_->cv.wait_for(lock, d, [&] { return entry_->is_cancelled(); });
+  const auto until = [&] { return entry_->is_cancelled(); };
+  if (d < k_forever) return entry_->cv.wait_for(lock, d, until);
+  entry_->cv.wait(lock, until);
+  return true;
 }
 void job_context::set_progress(int percent, std::string message, nlohmann::json metadata) {
   nlohmann::json p = {{"percent", percent}};
