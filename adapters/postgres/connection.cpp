@@ -1,5 +1,7 @@
 #include "connection.hpp"
 
+#include <cstdlib>
+
 #include <charconv>
 #include <cstdio>
 #include <ctime>
@@ -50,7 +52,18 @@ std::string one_line(std::string s) {
 result<std::unique_ptr<connection>> connection::open(const std::string& dsn, std::string* detail,
                                                      const std::string& application_name,
                                                      std::chrono::milliseconds lock_timeout) {
-  PGconn* c = PQconnectdb(dsn.c_str());
+  // Defaults that bound every wait on a dead or silent server, placed before the DSN so that
+  // whatever the DSN (or PGCONNECT_TIMEOUT) says wins: a connect that hangs gives up after 10 s,
+  // and an established connection whose peer vanished without a word (a dropped network path, a
+  // failover) is noticed within ~30 s (TCP keepalives, and an unacknowledged send), instead of
+  // after the kernel's two hours. None of them limits how long a statement may run.
+  const bool env_timeout = std::getenv("PGCONNECT_TIMEOUT") != nullptr;
+  const char* keys[] = {"keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
+                        "tcp_user_timeout", env_timeout ? "dbname" : "connect_timeout", env_timeout ? nullptr : "dbname",
+                        nullptr};
+  const char* values[] = {"1", "10", "5", "3", "30000", env_timeout ? dsn.c_str() : "10",
+                          env_timeout ? nullptr : dsn.c_str(), nullptr};
+  PGconn* c = PQconnectdbParams(keys, values, /*expand_dbname=*/1);
   if (c == nullptr || PQstatus(c) != CONNECTION_OK) {
     std::string msg = c ? one_line(PQerrorMessage(c)) : "out of memory";
     if (c) PQfinish(c);

@@ -1,6 +1,8 @@
 #include <poll.h>
 
+#include <cerrno>
 #include <charconv>
+#include <chrono>
 
 #include <spdlog/spdlog.h>
 
@@ -28,13 +30,13 @@ class pg_signal_port final : public sdk::signal_port {
       spdlog::debug("tenure.pg: signal session: {}", why);
       return c.error();
     }
-    auto listened = c.value()->exec_script("LISTEN " + schema_ + "_wake; LISTEN " + schema_ + "_cancel; LISTEN " + schema_ + "_callback",
-                                           effect::read, &why);
+    conn_ = std::move(c).value();
+    auto listened = bounded("LISTEN " + schema_ + "_wake; LISTEN " + schema_ + "_cancel; LISTEN " + schema_ + "_callback");
     if (!listened) {
-      spdlog::warn("tenure.pg: LISTEN failed: {}", why);
+      spdlog::warn("tenure.pg: LISTEN failed: {}", listened.error().message());
+      conn_.reset();
       return listened.error();
     }
-    conn_ = std::move(c).value();
     return success();
   }
 
@@ -54,16 +56,57 @@ class pg_signal_port final : public sdk::signal_port {
 
   result<bool> try_lead() override {
     if (!connected()) return errc::database_unavailable;
-    if (leader_) return true;  // a session lock lasts as long as this connection
-    auto r = conn_->exec_script("SELECT pg_try_advisory_lock(hashtext(" +
-                                    conn_->quote_literal("tenure.maintenance:" + schema_) + "))",
-                                effect::read);
+    // A session lock lasts as long as this session, and a leader's session can die without a
+    // word (a dropped network path, a failover): the server then releases the lock and another
+    // worker takes it. So a leader proves its session alive with a bounded round trip on every
+    // call; one that gets no answer in time drops the session and its leadership.
+    auto r = bounded(leader_ ? std::string{"SELECT true"}
+                             : "SELECT pg_try_advisory_lock(hashtext(" +
+                                   conn_->quote_literal("tenure.maintenance:" + schema_) + "))");
     if (!r) return r.error();
-    leader_ = r.value().boolean(0, 0);
+    if (!leader_) leader_ = r.value() == "t";
     return leader_;
   }
 
  private:
+  /// No statement of this session may take longer: past it, the session is considered dead.
+  static constexpr std::chrono::milliseconds k_round_trip_limit{5'000};
+
+  /// Runs `sql` and returns the first cell of its last result ("" when it has none), waiting at
+  /// most k_round_trip_limit for the answer. A session that does not answer in time is dropped
+  /// (and leadership with it) rather than blocking the signal thread, and with it stop().
+  /// Notifications that arrive meanwhile stay queued for drain().
+  result<std::string> bounded(const std::string& sql) {
+    PGconn* c = conn_->native();
+    if (PQsendQuery(c, sql.c_str()) == 0) return lost();
+    const auto deadline = std::chrono::steady_clock::now() + k_round_trip_limit;
+    std::string value, error;
+    for (;;) {
+      while (PQisBusy(c) == 0) {
+        PGresult* r = PQgetResult(c);
+        if (r == nullptr) {
+          if (!error.empty()) {
+            spdlog::warn("tenure.pg: signal session statement failed: {}", error);
+            return errc::database_error;
+          }
+          return value;
+        }
+        const auto st = PQresultStatus(r);
+        if (st == PGRES_TUPLES_OK && PQntuples(r) > 0) value = PQgetvalue(r, 0, 0);
+        if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) error = PQresultErrorMessage(r);
+        PQclear(r);
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        return lost("no answer within " + std::to_string(k_round_trip_limit.count()) +
+                    " ms; dropping the session and reconnecting");
+      }
+      pollfd pfd{PQsocket(c), POLLIN, 0};
+      if (::poll(&pfd, 1, static_cast<int>(left.count())) < 0 && errno != EINTR) return lost();
+      if (PQconsumeInput(c) == 0) return lost();
+    }
+  }
+
   /// Reads whatever arrived; false when the connection broke.
   bool drain(std::vector<sdk::signal>& out) {
     PGconn* c = conn_->native();
@@ -88,8 +131,12 @@ class pg_signal_port final : public sdk::signal_port {
     return PQstatus(c) == CONNECTION_OK;
   }
 
-  std::error_code lost() {
-    spdlog::warn("tenure.pg: signal session lost: {}", PQerrorMessage(conn_->native()));
+  std::error_code lost(std::string why = {}) {
+    if (why.empty()) why = PQerrorMessage(conn_->native());
+    for (auto& ch : why) {
+      if (ch == '\n' || ch == '\t') ch = ' ';
+    }
+    spdlog::warn("tenure.pg: signal session lost{}: {}", leader_ ? " (maintenance leadership with it)" : "", why);
     conn_.reset();
     leader_ = false;
     return errc::database_unavailable;

@@ -224,6 +224,7 @@ fault_proxy::~fault_proxy() {
     close_abruptly(s.client);
     ::close(s.server);
   }
+  for (int c : silent_) ::close(c);
   ::close(listen_fd_);
   ::close(wake_rd_);
   ::close(wake_wr_);
@@ -288,6 +289,22 @@ bool fault_proxy::take_arm() noexcept {
   while (n > 0 && !armed_.compare_exchange_weak(n, n - 1)) {
   }
   return n > 0;
+}
+
+std::size_t fault_proxy::black_hole_all() {
+  {
+    std::lock_guard lock{mu_};
+    kill_silently_ = true;
+  }
+  return kill_all();
+}
+
+std::size_t fault_proxy::kill_everything() {
+  {
+    std::lock_guard lock{mu_};
+    kill_silent_too_ = true;
+  }
+  return kill_all();
 }
 
 std::size_t fault_proxy::kill_all() {
@@ -444,6 +461,10 @@ void fault_proxy::accept_all() {
       ::close(c);
       continue;
     }
+    if (silence_.load()) {
+      silent_.push_back(c);
+      continue;
+    }
     const auto* addr = reinterpret_cast<const sockaddr*>(upstream_addr_);
     const int sv = ::socket(addr->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (sv < 0) {
@@ -527,8 +548,18 @@ void fault_proxy::run() {
       if (kill_done_ != kill_requested_) {
         last_killed_ = sessions_.size();
         for (auto& s : sessions_) {
-          close_abruptly(s.client);
+          if (kill_silently_) {
+            silent_.push_back(s.client);
+          } else {
+            close_abruptly(s.client);
+          }
           close_abruptly(s.server);
+        }
+        kill_silently_ = false;
+        if (kill_silent_too_) {
+          for (int c : silent_) close_abruptly(c);
+          silent_.clear();
+          kill_silent_too_ = false;
         }
         sessions_.clear();
         live_.store(0);

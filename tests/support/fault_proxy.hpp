@@ -22,6 +22,7 @@
 #include <string_view>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace tenure::test {
 
@@ -58,6 +59,16 @@ class fault_proxy {
 
   /// Resets every proxied connection now (both sides); returns how many there were.
   std::size_t kill_all();
+  /// Black-holes every proxied connection now: the server side is closed (so the server ends
+  /// those sessions and releases their locks), while each client's socket stays open and is
+  /// never read or answered again, as when a network path drops without a word. Returns how
+  /// many there were.
+  std::size_t black_hole_all();
+  /// While on, new connections are accepted and then never answered (a silent host).
+  void silence(bool on) noexcept { silence_.store(on); }
+  /// Resets every connection kill_all() would, and also every client socket black_hole_all()
+  /// or silence() left open: whatever still waits on this proxy gets an error now.
+  std::size_t kill_everything();
   /// While on, new connections are accepted and closed at once (existing ones keep working).
   void refuse(bool on) noexcept { refuse_.store(on); }
   /// Proxied connections currently open.
@@ -97,6 +108,10 @@ class fault_proxy {
   std::uint64_t kill_requested_ = 0;
   std::uint64_t kill_done_ = 0;
   std::size_t last_killed_ = 0;
+  bool kill_silently_ = false;  // the pending kill is a black_hole_all()
+  bool kill_silent_too_ = false;  // the pending kill is a kill_everything()
+  std::atomic<bool> silence_{false};
+  std::vector<int> silent_;  // client sockets kept open and never served (proxy thread only)
 
   std::list<session> sessions_;  // touched by the proxy thread only
   std::thread thread_;

@@ -1,0 +1,96 @@
+// The signal session (LISTEN/NOTIFY and maintenance leadership) when its server goes silent:
+// the network path drops without a word, or a host accepts connections and never answers.
+// Every wait is bounded, so leadership moves on and stop() returns.
+#include <future>
+
+#include "runtime/runtime_fixture.hpp"
+#include "sdk/signal_port.hpp"
+#include "support/fault_proxy.hpp"
+
+namespace tenure::test {
+namespace {
+
+using steady = std::chrono::steady_clock;
+
+class signals_pg : public runtime_pg {
+ protected:
+  fault_proxy proxy_{schema_.dsn()};
+  std::shared_ptr<sdk::signal_port> port(const std::string& dsn, const std::string& name) {
+    return postgres::make_signal_port(dsn, schema_.name(), name);
+  }
+};
+
+TEST_F(signals_pg, a_leader_whose_session_goes_silent_gives_up_leadership_within_one_round_trip_limit) {
+  auto a = port(proxy_.dsn(schema_.dsn()), "signals-a");
+  auto b = port(schema_.dsn(), "signals-b");
+  ASSERT_TRUE(a->connect());
+  ASSERT_TRUE(b->connect());
+  auto a_leads = a->try_lead();
+  ASSERT_TRUE(a_leads);
+  EXPECT_TRUE(a_leads.value());
+  auto b_leads = b->try_lead();
+  ASSERT_TRUE(b_leads);
+  EXPECT_FALSE(b_leads.value());
+
+  // A's network path drops without a word: the server ends A's session and frees its lock; A's
+  // own socket stays open and silent.
+  EXPECT_EQ(proxy_.black_hole_all(), 1u);
+  ASSERT_TRUE(eventually([&] {
+    auto r = b->try_lead();
+    return r && r.value();
+  }, 10s)) << "B takes the lock the server released";
+  // A must not go on believing it leads: its next try_lead gets no answer and gives up.
+  const auto t0 = steady::now();
+  auto again = a->try_lead();
+  const auto took = steady::now() - t0;
+  ASSERT_FALSE(again) << "A still says it leads while B does";
+  EXPECT_EQ(again.error(), errc::database_unavailable);
+  EXPECT_FALSE(a->connected());
+  EXPECT_LT(took, 8s);
+}
+
+TEST_F(signals_pg, stop_returns_when_the_signal_session_stops_answering_mid_statement) {
+  // B leads, so A asks for the lock on every maintenance round: a statement in flight whenever
+  // its session goes silent.
+  auto b = port(schema_.dsn(), "signals-b");
+  ASSERT_TRUE(b->connect());
+  ASSERT_TRUE(b->try_lead().value());
+  std::string why;
+  auto a = runtime::create(fast_config(), open_store(), port(proxy_.dsn(schema_.dsn()), "signals-a"), &why);
+  ASSERT_TRUE(a) << why;
+  a.value()->handle("noop", [](job_context&) { return job_outcome::completed(); });
+  ASSERT_TRUE(a.value()->start());
+  ASSERT_TRUE(eventually([&] { return proxy_.connections() == 1; }, 5s));
+  std::this_thread::sleep_for(300ms);  // a few maintenance rounds: A asks, B keeps the lock
+  EXPECT_FALSE(a.value()->metrics().leader);
+  EXPECT_EQ(proxy_.black_hole_all(), 1u);
+  std::this_thread::sleep_for(300ms);  // A's next question is now in flight, unanswered
+  auto stopped = std::async(std::launch::async, [&] { a.value()->stop(); });
+  EXPECT_EQ(stopped.wait_for(10s), std::future_status::ready) << "stop() waited on the silent signal session";
+  proxy_.kill_everything();  // (lets a stop() that waited return, so the test ends either way)
+  stopped.wait();
+}
+
+TEST_F(signals_pg, connecting_to_a_server_that_never_answers_gives_up_by_the_connect_timeout) {
+  proxy_.silence(true);
+  // The DSN's own connect_timeout wins over tenure's default...
+  auto quick = port(proxy_.dsn(schema_.dsn()) + " connect_timeout=2", "signals-quick");
+  auto t0 = steady::now();
+  auto r = quick->connect();
+  EXPECT_FALSE(r);
+  EXPECT_EQ(r.error(), errc::database_unavailable);
+  EXPECT_LT(steady::now() - t0, 5s);
+  // ...and without one, tenure's default (10 s) still bounds the wait: never the kernel's minutes.
+  auto plain = port(proxy_.dsn(schema_.dsn()), "signals-plain");
+  t0 = steady::now();
+  auto connecting = std::async(std::launch::async, [&] { return plain->connect(); });
+  const bool gave_up = connecting.wait_for(15s) == std::future_status::ready;
+  const auto took = steady::now() - t0;
+  EXPECT_TRUE(gave_up) << "connect() still waiting after 15 s";
+  if (!gave_up) proxy_.kill_everything();  // (so that the test ends either way)
+  EXPECT_FALSE(connecting.get());
+  EXPECT_GE(took, 8s);
+}
+
+}  // namespace
+}  // namespace tenure::test
