@@ -105,11 +105,15 @@ result<rows> connection::check(PGresult* r, const char* name, effect e, std::str
   const errc code = errc_from_sqlstate(state);
   if (code == errc::database_error) {
     spdlog::error("tenure.pg: statement {} failed with SQLSTATE {}: {}", name, state, msg);
-  } else if (code == errc::database_unavailable && e == effect::write) {
-    // Server shutting down or the backend was terminated while our statement ran.
+  } else if (code == errc::database_unavailable && e == effect::write && PQstatus(conn_) != CONNECTION_OK) {
+    // Server shutting down or the backend was terminated while our statement ran, and the
+    // session went with it: a write may have committed before the answer was lost.
     spdlog::warn("tenure.pg: statement {} interrupted (SQLSTATE {}): {}", name, state, msg);
     return errc::commit_in_doubt;
   }
+  // Otherwise the server answered with an error on a live session (a read-only standby after a
+  // failover, 25006; disk full or out of memory, class 53): the statement certainly failed.
+
   return code;
 }
 

@@ -276,6 +276,20 @@ TEST_F(sql_contract, a_statement_cancelled_by_statement_timeout_is_a_transient_c
   EXPECT_TRUE(c.value()->ok()) << "the session survives a cancelled statement";
 }
 
+TEST_F(sql_contract, a_write_refused_by_a_read_only_server_is_unavailable_never_in_doubt) {
+  // A standby right after a failover answers every write with 25006 on a live session: the
+  // statement certainly failed, so "it may or may not have been applied" would be wrong.
+  std::string why;
+  auto c = tenure::postgres::detail::connection::open(schema_.dsn(), &why);
+  ASSERT_TRUE(c) << why;
+  ASSERT_TRUE(c.value()->exec_script("SET default_transaction_read_only = on", tenure::postgres::detail::effect::read));
+  auto r = c.value()->exec_script("SELECT " + s("enqueue") + "('k')", tenure::postgres::detail::effect::write, &why);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), tenure::errc::database_unavailable) << why;
+  EXPECT_TRUE(c.value()->ok());
+  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("jobs")), "0");
+}
+
 TEST_F(sql_contract, rescue_makes_attempts_available_at_once_or_failed_when_spent) {
   const auto again = enqueue("a");
   const auto spent = enqueue("b", ", '{}', 'default', 2, NULL, 1");
