@@ -305,6 +305,26 @@ TEST_F(cli_pg, bad_json_is_one_line_and_writes_nothing) {
   EXPECT_EQ(status()["total"]["total"], 0);
 }
 
+TEST_F(cli_pg, numbers_the_command_line_cannot_hold_exactly_are_refused_never_rounded_or_clamped) {
+  migrate();
+  // NaN would have dropped the delay (the job ran at once); hex read as seconds.
+  for (const char* delay : {"nan", "inf", "0x10"}) {
+    expect_one_error_line(tenure({"enqueue", "k", "--delay", delay}), 2, "is not a number of seconds");
+  }
+  expect_one_error_line(tenure({"rescue", "--stale-after", "nan"}), 2, "is not a number of seconds");
+  // An id past int64 was clamped to 9223372036854775807, and cancel/retry acted on that job.
+  for (const char* verb : {"show", "cancel", "retry"}) {
+    expect_one_error_line(tenure({"job", verb, "99999999999999999999999999"}), 2, "is not a job id");
+    expect_one_error_line(tenure({"job", verb, "0"}), 2, "is not a job id");
+  }
+  expect_one_error_line(tenure({"enqueue", "k", "--args", "1e400"}), 1, "number overflow");
+  expect_one_error_line(tenure({"enqueue", "k", "--args", R"({"order":12345678901234567890123})"}), 1,
+                        "does not fit in 64 bits");
+  EXPECT_EQ(status()["total"]["total"], 0) << "nothing was written";
+  const auto id = enqueue({"k", "--args", R"({"min":-9223372036854775808,"max":18446744073709551615})"});
+  EXPECT_EQ(show(id)["args"].dump(), R"({"max":18446744073709551615,"min":-9223372036854775808})");
+}
+
 // ---- status ------------------------------------------------------------------------------------
 
 TEST_F(cli_pg, status_counts_per_queue_and_state) {

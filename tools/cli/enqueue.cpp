@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
+#include "cli/number_text.hpp"
 #include "cli/time_text.hpp"
 
 namespace tenure::cli {
@@ -28,9 +29,10 @@ struct enqueue_options {
 
 /// Parses --args; a command_error naming the parse position otherwise.
 nlohmann::json parse_args(const std::string& text) {
+  if (auto why = check_json_integers(text); !why.empty()) throw command_error("--args: " + why);
   try {
     return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse errors, and numbers out of range (1e400)
     // what() is "[json.exception.parse_error.101] parse error at line 1, column 6: ..."; the
     // bracketed id means nothing to a user.
     std::string message = e.what();
@@ -99,7 +101,7 @@ void register_enqueue(CLI::App& app, context& ctx) {
                          "ISO 8601");
   auto* delay = cmd->add_option("--delay", o->delay_seconds, "Run no earlier than SECONDS from now")
                     ->type_name("SECONDS")
-                    ->check(CLI::Range(0.0, k_max_seconds));
+                    ->check([](const std::string& text) { return check_seconds(text, k_max_seconds); }, "SECONDS");
   run_at->excludes(delay);
   cmd->add_option("--max-attempts", o->max_attempts, "Executions before the job fails for good")
       ->check(CLI::PositiveNumber)

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
+#include "cli/number_text.hpp"
 #include "cli/time_text.hpp"
 
 namespace tenure::cli {
@@ -119,7 +120,7 @@ int run_retry(const context& ctx, std::int64_t id) {
 /// Adds `job <name> ID`, filling `id`.
 CLI::App* add_id_command(CLI::App& job, const char* name, const char* help, std::int64_t& id) {
   auto* cmd = job.add_subcommand(name, help);
-  cmd->add_option("ID", id, "The job id")->required()->check(CLI::PositiveNumber);
+  cmd->add_option("ID", id, "The job id")->required()->check(check_job_id, "ID");
   return cmd;
 }
 

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "cli/commands.hpp"
+#include "cli/number_text.hpp"
 
 namespace tenure::cli {
 namespace {
@@ -32,7 +33,8 @@ void register_rescue(CLI::App& app, context& ctx) {
       "rescue", "Close attempts with no heartbeat for --stale-after seconds (or past their hard deadline)");
   cmd->add_option("--stale-after", *stale_after, "Seconds without a heartbeat before an attempt is stale")
       ->type_name("SECONDS")
-      ->check(CLI::Range(0.0, 100.0 * 365 * 24 * 3600))  // a century; keeps microseconds in range
+      // a century keeps microseconds in range
+      ->check([](const std::string& text) { return check_seconds(text, 100.0 * 365 * 24 * 3600); }, "SECONDS")
       ->capture_default_str();
   cmd->callback(
       [&ctx, stale_after] { ctx.run = [&ctx, stale_after] { return run_rescue(ctx, *stale_after); }; });
