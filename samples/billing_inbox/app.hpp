@@ -37,6 +37,10 @@ struct config {
   std::string worker_name;             ///< worker: runtime worker id (default billing-<host>:<pid>)
   milliseconds commit_delay{0};        ///< worker fault injection: pause between provider and transaction
   std::size_t max_body = 16 * 1024;    ///< web: larger request bodies get 413
+  /// Every statement of the sample's own sessions: a request or a charge blocked behind a lock
+  /// or a slow query fails within these (503 / a retried attempt) instead of hanging forever.
+  milliseconds db_statement_timeout{10'000};
+  milliseconds db_lock_timeout{2'000};
   // client role
   std::string url;
   std::string method = "GET";

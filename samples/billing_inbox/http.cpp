@@ -6,6 +6,7 @@
 
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <boost/beast/core.hpp>
@@ -59,9 +60,13 @@ struct http_server::state {
   // sessions use the members above.
   asio::io_context io;
   tcp::acceptor acceptor{io};
+  asio::steady_timer accept_timer{io};  ///< the pause after a failed accept
+  bool accept_paused = false;           ///< touched on the I/O thread only
 };
 
 namespace {
+
+constexpr std::chrono::milliseconds k_accept_pause{100};
 
 bool is_protocol_error(const beast::error_code& ec) {
   return ec.category() == beast::http::make_error_code(http::error::bad_target).category();
@@ -156,7 +161,24 @@ class session : public std::enable_shared_from_this<session> {
 void accept_loop(http_server::state& st) {
   st.acceptor.async_accept(asio::make_strand(st.io), [&st](beast::error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || !st.acceptor.is_open()) return;
-    if (!ec) std::make_shared<session>(std::move(socket), st)->read();
+    if (ec) {
+      // Out of file descriptors (EMFILE), out of memory, ...: the pending connection stays in
+      // the backlog, so accepting again at once would fail again at once, spinning a core.
+      // Pause instead, and say so once per episode (the pause repeats while the cause lasts).
+      if (!st.accept_paused) {
+        spdlog::warn("{}: cannot accept connections ({}); pausing accepts for {} ms at a time until it clears",
+                     st.opts.name, ec.message(), k_accept_pause.count());
+      }
+      st.accept_paused = true;
+      st.accept_timer.expires_after(k_accept_pause);
+      st.accept_timer.async_wait([&st](beast::error_code wait_ec) {
+        if (!wait_ec) accept_loop(st);
+      });
+      return;
+    }
+    if (st.accept_paused) spdlog::info("{}: accepting connections again", st.opts.name);
+    st.accept_paused = false;
+    std::make_shared<session>(std::move(socket), st)->read();
     accept_loop(st);
   });
 }
@@ -199,6 +221,7 @@ void http_server::stop() noexcept {
     asio::post(st_->io, [st = st_.get()] {
       beast::error_code ec;
       st->acceptor.close(ec);
+      st->accept_timer.cancel();
     });
     st_->pool.join();  // requests being handled finish and post their answers
     // Give answers posted by the pool a moment to be written before the loop stops.

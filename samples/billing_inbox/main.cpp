@@ -57,6 +57,8 @@ common:
                             (web and all: default 127.0.0.1:8080; provider: 127.0.0.1:8081;
                             worker: none unless given, then /metrics and /healthz only)
   --log-level LEVEL         trace|debug|info|warn|error (default: info)
+  --db-statement-timeout-ms N  statement_timeout of the sample's own sessions (default: 10000)
+  --db-lock-timeout-ms N    lock_timeout of the sample's own sessions (default: 2000)
 web:
   --max-body-bytes N        larger request bodies get 413 (default: 16384)
 provider:
@@ -131,6 +133,8 @@ config parse(int argc, char** argv, spdlog::level::level_enum& level) {
     } else if (flag == "--concurrency") c.concurrency = static_cast<int>(number(flag, value, 1, 256));
     else if (flag == "--worker-name") c.worker_name = value;
     else if (flag == "--commit-delay-ms") c.commit_delay = ms(600'000);
+    else if (flag == "--db-statement-timeout-ms") c.db_statement_timeout = milliseconds{number(flag, value, 1, 3'600'000)};
+    else if (flag == "--db-lock-timeout-ms") c.db_lock_timeout = milliseconds{number(flag, value, 1, 3'600'000)};
     else if (flag == "--max-body-bytes") c.max_body = static_cast<std::size_t>(number(flag, value, 1, 64 << 20));
     else if (flag == "--url") c.url = value;
     else if (flag == "--method") c.method = value;
@@ -200,7 +204,11 @@ int run(config cfg) {
   const bool web = cfg.role == "web" || cfg.role == "all";
   const bool provider = cfg.role == "provider" || cfg.role == "all";
   const bool worker = cfg.role == "worker" || cfg.role == "all";
-  auto pool = std::make_shared<session_pool>(connect.value() + " connect_timeout=5",
+  // Bounded waits on every statement of the sample's own sessions (the libpq `options` keyword
+  // sets them at connect time, for every session the pool opens).
+  const std::string limits = " options='-c statement_timeout=" + std::to_string(cfg.db_statement_timeout.count()) +
+                             " -c lock_timeout=" + std::to_string(cfg.db_lock_timeout.count()) + "'";
+  auto pool = std::make_shared<session_pool>(connect.value() + " connect_timeout=5" + limits,
                                              static_cast<std::size_t>(worker ? cfg.concurrency + 4 : 8));
   {
     auto db = pool->acquire(milliseconds{10'000}, &why);

@@ -52,6 +52,21 @@ response unavailable(std::string_view why) {
   return error_response(http::status::service_unavailable, "database unavailable, try again");
 }
 
+/// A statement that gave up waiting (statement_timeout 57014, lock_timeout 55P03) or lost a
+/// serialization race (40001, 40P01): the transaction rolled back, nothing was written, and the
+/// same request may simply be sent again.
+bool gave_up_waiting(const std::exception& e) {
+  const auto state = sqlstate_of(e);
+  return state == "57014" || state == "55P03" || state == "40001" || state == "40P01";
+}
+
+response busy(std::string_view what, std::string_view why) {
+  spdlog::warn("web: {} gave up waiting for the database ({}); answered 503, nothing written", what, why);
+  auto res = error_response(http::status::service_unavailable, "database busy, nothing was written: try again");
+  res.set(http::field::retry_after, "1");
+  return res;
+}
+
 /// POST /orders: the order row and its `charge` job commit together, or neither exists.
 response create_order(const config& cfg, session_pool& pool, const request& req) {
   auto parsed = parse_order(req.body());
@@ -76,6 +91,7 @@ response create_order(const config& cfg, session_pool& pool, const request& req)
     if (!job) {
       tx.rollback();
       if (job.error() == tenure::errc::database_unavailable) return unavailable(job.error().message());
+      if (job.error() == tenure::errc::transient_conflict) return busy("POST /orders", job.error().message());
       spdlog::error("web: enqueue failed: {}", job.error().message());
       return error_response(http::status::internal_server_error, "could not enqueue the charge");
     }
@@ -114,6 +130,7 @@ response create_order(const config& cfg, session_pool& pool, const request& req)
     return res;
   } catch (const std::exception& e) {
     if (!connection_ok(**db)) return unavailable(e.what());
+    if (gave_up_waiting(e)) return busy("POST /orders", "SQLSTATE " + sqlstate_of(e) + ": " + e.what());
     spdlog::error("web: POST /orders failed: {}", e.what());
     return error_response(http::status::internal_server_error, "could not store the order");
   }
@@ -148,6 +165,7 @@ response get_order(const config& cfg, session_pool& pool, std::string_view id_te
     return json_response(http::status::ok, nlohmann::json::parse(body));
   } catch (const std::exception& e) {
     if (!connection_ok(**db)) return unavailable(e.what());
+    if (gave_up_waiting(e)) return busy("GET /orders/" + std::to_string(id), "SQLSTATE " + sqlstate_of(e) + ": " + e.what());
     spdlog::error("web: GET /orders/{} failed: {}", id, e.what());
     return error_response(http::status::internal_server_error, "could not read the order");
   }

@@ -65,7 +65,10 @@ class charge_handler {
     }
     if (charge_id.empty()) {
       const auto text = "provider answered " + std::to_string(reply->status) + ": " + reply->body.substr(0, 200);
-      if (reply->status >= 400 && reply->status < 500) {  // the request itself is wrong: retrying cannot help
+      // Only an answer that says the request itself is wrong fails the job for good: retrying
+      // the same charge cannot help. Any other status (404 from a mistyped --provider-url, 408,
+      // 429, 5xx, ...) may clear once the cause is fixed, so the attempt is retried.
+      if (reply->status == 400 || reply->status == 409 || reply->status == 422) {
         ctx.note_failure(text);
         return tenure::errc::invalid_argument;
       }

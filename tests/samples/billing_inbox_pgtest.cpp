@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -477,6 +478,88 @@ TEST_F(billing_inbox, lost_commit_reply_is_reported_as_in_doubt_with_the_order_i
             "pending charge available");
   const auto got = http(web, "GET", "/orders/" + id);
   EXPECT_EQ(got.status, 200) << got.body;
+}
+
+TEST_F(billing_inbox, an_order_blocked_behind_a_lock_is_answered_503_within_the_lock_timeout_and_writes_nothing) {
+  const auto web = start("web", {"--role", "web", "--db-lock-timeout-ms", "300"});
+  pg locker{dsn_};
+  locker.exec("BEGIN");
+  locker.exec("LOCK TABLE " + a("orders") + " IN ACCESS EXCLUSIVE MODE");  // a migration, a long report
+  const auto t0 = steady::now();
+  const auto blocked = http(web, "POST", "/orders", json_order("ada", 100));
+  EXPECT_LT(steady::now() - t0, 5s) << "the request waited on the lock without a limit";
+  EXPECT_EQ(blocked.status, 503) << blocked.body;
+  EXPECT_NE(blocked.body.find("nothing was written"), std::string::npos) << blocked.body;
+  locker.exec("COMMIT");
+  EXPECT_EQ(n("SELECT count(*) FROM " + a("orders")), 0);
+  EXPECT_EQ(n("SELECT count(*) FROM " + jobs()), 0);
+  EXPECT_EQ(http(web, "POST", "/orders", json_order("ada", 100)).status, 201) << "the next one goes through";
+}
+
+TEST_F(billing_inbox, a_provider_answering_404_is_retried_and_the_order_paid_once_the_url_is_fixed) {
+  const auto web = start_web();
+  provider_ = web;  // a mistyped --provider-url: POST /charges answers 404 there
+  start_worker("misconfigured");
+  const auto id = order(web, "ada", 900);
+  ASSERT_TRUE(eventually([&] {
+    return q("SELECT last_error FROM " + jobs() + " j JOIN " + a("orders") + " o ON o.charge_job_id = j.id WHERE o.id = $1",
+             {id}).find("provider answered 404") != std::string::npos;
+  }));
+  const auto state = q("SELECT j.state FROM " + jobs() + " j JOIN " + a("orders") + " o ON o.charge_job_id = j.id WHERE o.id = $1", {id});
+  EXPECT_NE(state, "failed") << "a 404 is not the charge's fault: it must not fail for good";
+  proc("misconfigured").signal(SIGKILL);
+  ASSERT_TRUE(proc("misconfigured").wait_exit());
+  start_provider(0);
+  start_worker("fixed");
+  ASSERT_TRUE(eventually([&] { return order_state(id) == "paid"; }, 30s));
+  EXPECT_EQ(n("SELECT count(*) FROM " + a("provider_charges") + " WHERE idempotency_key = $1", {id}), 1);
+}
+
+TEST_F(billing_inbox, out_of_file_descriptors_the_web_server_pauses_accepting_instead_of_spinning_and_recovers) {
+  const auto web = start_web();
+  auto& server = proc("web");
+  const auto fds_open = [&] {
+    std::size_t n = 0;
+    for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/" + std::to_string(server.pid()) + "/fd")) ++n;
+    return n;
+  };
+  const auto cpu_ticks = [&] {  // utime + stime of the web process, in clock ticks
+    std::ifstream in{"/proc/" + std::to_string(server.pid()) + "/stat"};
+    std::string stat{std::istreambuf_iterator<char>(in), {}};
+    std::istringstream rest{stat.substr(stat.rfind(')') + 2)};
+    std::string field;
+    long long utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && rest >> field; ++i) {
+      if (i == 14) utime = std::stoll(field);
+      if (i == 15) stime = std::stoll(field);
+    }
+    return utime + stime;
+  };
+  rlimit old{};
+  ASSERT_EQ(::prlimit(server.pid(), RLIMIT_NOFILE, nullptr, &old), 0);
+  const rlimit low{fds_open() + 4, old.rlim_max};  // the soft limit only: raised back below
+  ASSERT_EQ(::prlimit(server.pid(), RLIMIT_NOFILE, &low, nullptr), 0) << std::strerror(errno);
+  // Idle clients hold what is left, and more queue up behind them in the listen backlog.
+  std::vector<int> idle;
+  const int port = std::stoi(web.substr(web.rfind(':') + 1));
+  for (int i = 0; i < 20; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<std::uint16_t>(port));
+    ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    idle.push_back(fd);
+  }
+  std::this_thread::sleep_for(300ms);
+  const auto before = cpu_ticks();
+  std::this_thread::sleep_for(2s);
+  const auto used_s = static_cast<double>(cpu_ticks() - before) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+  EXPECT_LT(used_s, 0.5) << "the web process burned " << used_s << " s of CPU in 2 s";
+  EXPECT_NE(server.log().find("cannot accept connections"), std::string::npos) << "the cause is logged";
+  for (int fd : idle) ::close(fd);
+  ASSERT_EQ(::prlimit(server.pid(), RLIMIT_NOFILE, &old, nullptr), 0) << std::strerror(errno);
+  EXPECT_TRUE(eventually([&] { return http(web, "GET", "/healthz").status == 200; }, 10s));
 }
 
 TEST_F(billing_inbox, role_all_runs_web_worker_and_provider_in_one_process) {
