@@ -10,7 +10,9 @@ std::string_view to_string(op o) noexcept {
   static constexpr std::array<std::string_view, k_op_count> names{
       "enqueue",    "enqueue_batch", "claim",     "heartbeat",    "complete",
       "fail",       "snooze",        "cancel_attempt", "cancel_job", "retry_job",
-      "read_job",   "rescue_stale",  "promote_due", "reconcile",  "configure_queue"};
+      "read_job",   "rescue_stale",  "promote_due", "reconcile",  "checkpoint",
+      "register_callback", "await_callback", "resume_callback", "extend_callback", "complete_callback",
+      "fail_callback", "configure_queue"};
   const auto i = static_cast<std::size_t>(o);
   return i < names.size() ? names[i] : "unknown";
 }
@@ -142,9 +144,33 @@ result<void> faulty_store::cancel_attempt(attempt_id attempt, std::string_view r
   return call<void>(op::cancel_attempt, [&] { return inner_.cancel_attempt(attempt, reason); });
 }
 
-// Read-only and not (yet) a fault point: forwarded as is.
 result<std::optional<std::string>> faulty_store::checkpoint(attempt_id attempt) {
-  return inner_.checkpoint(attempt);
+  return call<std::optional<std::string>>(op::checkpoint, [&] { return inner_.checkpoint(attempt); });
+}
+
+result<std::string> faulty_store::register_callback(attempt_id attempt, sdk::microseconds timeout) {
+  return call<std::string>(op::register_callback, [&] { return inner_.register_callback(attempt, timeout); });
+}
+
+result<sdk::callback_poll> faulty_store::await_callback(attempt_id attempt, std::string_view callback_id) {
+  return call<sdk::callback_poll>(op::await_callback, [&] { return inner_.await_callback(attempt, callback_id); });
+}
+
+result<bool> faulty_store::resume_callback(std::string_view callback_id, std::string_view payload_json) {
+  return call<bool>(op::resume_callback, [&] { return inner_.resume_callback(callback_id, payload_json); });
+}
+
+result<bool> faulty_store::extend_callback(std::string_view callback_id, sdk::microseconds timeout) {
+  return call<bool>(op::extend_callback, [&] { return inner_.extend_callback(callback_id, timeout); });
+}
+
+result<bool> faulty_store::complete_callback(std::string_view callback_id,
+                                             std::optional<std::string> progress_json) {
+  return call<bool>(op::complete_callback, [&] { return inner_.complete_callback(callback_id, progress_json); });
+}
+
+result<bool> faulty_store::fail_callback(std::string_view callback_id, std::string_view error, bool retry) {
+  return call<bool>(op::fail_callback, [&] { return inner_.fail_callback(callback_id, error, retry); });
 }
 
 result<bool> faulty_store::cancel_job(std::int64_t job_id) {

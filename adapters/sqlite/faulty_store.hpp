@@ -34,6 +34,13 @@ enum class op {
   rescue_stale,
   promote_due,
   reconcile,
+  checkpoint,
+  register_callback,
+  await_callback,
+  resume_callback,
+  extend_callback,
+  complete_callback,
+  fail_callback,
   configure_queue,
 };
 inline constexpr std::size_t k_op_count = static_cast<std::size_t>(op::configure_queue) + 1;
@@ -93,6 +100,13 @@ class faulty_store final : public sdk::storage_port {
   result<void> snooze(attempt_id attempt, sdk::microseconds delay) override;
   result<void> cancel_attempt(attempt_id attempt, std::string_view reason) override;
   result<std::optional<std::string>> checkpoint(attempt_id attempt) override;
+  result<std::string> register_callback(attempt_id attempt, sdk::microseconds timeout) override;
+  result<sdk::callback_poll> await_callback(attempt_id attempt, std::string_view callback_id) override;
+  result<bool> resume_callback(std::string_view callback_id, std::string_view payload_json) override;
+  result<bool> extend_callback(std::string_view callback_id, sdk::microseconds timeout) override;
+  result<bool> complete_callback(std::string_view callback_id,
+                                 std::optional<std::string> progress_json = std::nullopt) override;
+  result<bool> fail_callback(std::string_view callback_id, std::string_view error, bool retry) override;
   result<bool> cancel_job(std::int64_t job_id) override;
   result<bool> retry_job(std::int64_t job_id) override;
   result<job_info> read_job(std::int64_t job_id) override;

@@ -51,6 +51,13 @@ std::error_code call(sdk::storage_port& s, op o) {
     case op::rescue_stale: return code(s.rescue_stale(1h));
     case op::promote_due: return code(s.promote_due());
     case op::reconcile: return code(s.reconcile(a));
+    case op::checkpoint: return code(s.checkpoint(a));
+    case op::register_callback: return code(s.register_callback(a, 1s));
+    case op::await_callback: return code(s.await_callback(a, "cb"));
+    case op::resume_callback: return code(s.resume_callback("cb", "{}"));
+    case op::extend_callback: return code(s.extend_callback("cb", 1s));
+    case op::complete_callback: return code(s.complete_callback("cb"));
+    case op::fail_callback: return code(s.fail_callback("cb", "x", true));
     case op::configure_queue: return code(s.configure_queue("q", {}));
   }
   return make_error_code(errc::protocol_error);
@@ -144,6 +151,28 @@ TEST_F(sqlite_faulty_store, a_lost_connection_refuses_every_call_until_restored)
 
   db.restore_connection();
   EXPECT_THAT(must(db.claim("default", 10, "w")), SizeIs(1));
+}
+
+TEST_F(sqlite_faulty_store, checkpoints_and_callbacks_are_forwarded_counted_and_faultable_like_every_call) {
+  // They used to bypass the decorator: checkpoint() answered while the connection was "lost",
+  // and callbacks never reached the inner store (the port's default refused them).
+  faulty_store db(*inner_);
+  must(db.enqueue(job()));
+  const auto claimed = must(db.claim("default", 1, "w"));
+  ASSERT_THAT(claimed, SizeIs(1));
+  const auto a = claimed[0].attempt;
+  EXPECT_EQ(must(db.checkpoint(a)), std::nullopt);
+  EXPECT_EQ(db.forwarded(op::checkpoint), 1);
+  // The SQLite store has no callbacks: its own answer comes back, which proves the call got there.
+  EXPECT_EQ(db.register_callback(a, 1s).error(), errc::invalid_argument);
+  EXPECT_EQ(db.forwarded(op::register_callback), 1);
+  db.fail_nth(op::register_callback, 1, errc::database_unavailable);
+  EXPECT_EQ(db.register_callback(a, 1s).error(), errc::database_unavailable);
+  EXPECT_EQ(db.calls(op::register_callback), 2);
+  EXPECT_EQ(db.forwarded(op::register_callback), 1);
+  db.lose_connection();
+  EXPECT_EQ(db.checkpoint(a).error(), errc::database_unavailable);
+  EXPECT_EQ(db.forwarded(op::checkpoint), 1);
 }
 
 TEST_F(sqlite_faulty_store, a_held_operation_waits_counted_but_unforwarded_until_released) {
