@@ -1,5 +1,7 @@
 #include "tenure/job.hpp"
 
+#include "sdk/runtime/storable.hpp"
+
 #include <array>
 #include <utility>
 
@@ -17,18 +19,28 @@ constexpr std::array<std::pair<job_state, std::string_view>, 8> k_state_names{{
     {job_state::cancelled, "cancelled"},
 }};
 
+/// Control characters as PostgreSQL's [[:cntrl:]] sees them in UTF-8: C0, DEL and C1
+/// (U+0080..U+009F, encoded C2 80..C2 9F).
 bool has_control_chars(std::string_view s) noexcept {
-  for (unsigned char c : s) {
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
     if (c < 0x20 || c == 0x7f) return true;
+    if (c == 0xC2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) <= 0x9F) return true;
   }
   return false;
 }
+
 
 /// Characters, not bytes, as PostgreSQL's length() counts them (UTF-8 continuation bytes skipped).
 std::size_t char_count(std::string_view s) noexcept {
   std::size_t n = 0;
   for (unsigned char c : s) n += (c & 0xC0) != 0x80;
   return n;
+}
+
+/// Text PostgreSQL accepts for a kind or a queue: valid UTF-8, printable, 1..max characters.
+bool valid_name(std::string_view s, std::size_t max) noexcept {
+  return !s.empty() && detail::is_storable_text(s) && char_count(s) <= max && !has_control_chars(s);
 }
 
 }  // namespace
@@ -48,15 +60,13 @@ result<job_state> parse_job_state(std::string_view s) noexcept {
 }
 
 result<void> validate(const new_job& job) noexcept {
-  if (job.kind.empty() || char_count(job.kind) > k_max_kind_size || has_control_chars(job.kind)) {
-    return errc::invalid_argument;
-  }
-  if (job.queue.empty() || char_count(job.queue) > k_max_queue_size || has_control_chars(job.queue)) {
+  if (!valid_name(job.kind, k_max_kind_size) || !valid_name(job.queue, k_max_queue_size)) {
     return errc::invalid_argument;
   }
   if (job.priority < k_min_priority || job.priority > k_max_priority) return errc::invalid_argument;
   if (job.max_attempts < 1) return errc::invalid_argument;
-  if (job.args.is_discarded()) return errc::invalid_argument;
+  // jsonb refuses \u0000 and text that is not UTF-8: refused here, by every store alike.
+  if (job.args.is_discarded() || !detail::is_storable_json(job.args)) return errc::invalid_argument;
   return success();
 }
 

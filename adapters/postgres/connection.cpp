@@ -128,7 +128,16 @@ result<rows> connection::exec(const statement& st, const std::vector<param>& par
   }
   std::vector<const char*> values;
   values.reserve(params.size());
-  for (const auto& p : params) values.push_back(p ? p->c_str() : nullptr);
+  for (const auto& p : params) {
+    // libpq takes C strings: a NUL byte would cut the value short without a word. PostgreSQL
+    // text cannot hold one anyway, so the value is refused (as 22021 would be), never truncated.
+    if (p && p->find('\0') != std::string::npos) {
+      if (detail) *detail = "a text value contains a NUL character, which PostgreSQL cannot store";
+      spdlog::warn("tenure.pg: statement {} not sent: a parameter contains a NUL character", st.name);
+      return errc::invalid_argument;
+    }
+    values.push_back(p ? p->c_str() : nullptr);
+  }
   PGresult* r = PQexecPrepared(conn_, st.name, static_cast<int>(values.size()), values.data(),
                                nullptr, nullptr, 0);
   return check(r, st.name, e, detail);

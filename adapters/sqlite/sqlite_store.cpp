@@ -1,5 +1,7 @@
 #include "adapters/sqlite/sqlite_store.hpp"
 
+#include "sdk/runtime/storable.hpp"
+
 #include <soci/boost-optional.h>
 #include <soci/soci.h>
 #include <soci/sqlite3/soci-sqlite3.h>  // declares SQLite's C API inside namespace sqlite_api
@@ -172,8 +174,11 @@ std::string interval_text(microseconds d) {
   return text;
 }
 
+/// JSON text jsonb would accept: well-formed, and no \u0000 or invalid UTF-8 in its strings.
 bool valid_json(const std::optional<std::string>& text) {
-  return !text || nlohmann::json::accept(*text);
+  if (!text) return true;
+  const auto parsed = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  return !parsed.is_discarded() && tenure::detail::is_storable_json(parsed);
 }
 
 /// Args as stored. nlohmann throws for strings that are not UTF-8; PostgreSQL rejects those too.
@@ -702,6 +707,7 @@ result<std::vector<sdk::completion_result>> store::complete(
 result<job_state> store::fail(attempt_id attempt, std::string_view error,
                               sdk::fail_disposition disposition,
                               std::optional<sdk::microseconds> retry_after) {
+  if (!tenure::detail::is_storable_text(error)) return errc::invalid_argument;  // as PostgreSQL refuses it
   return transact<job_state>(*state_, tx_mode::write, [&](soci::session& s, std::int64_t now) {
     auto r = take_receipt(s, attempt);
     if (!r) return result<job_state>(errc::stale_attempt);
@@ -740,6 +746,7 @@ result<void> store::snooze(attempt_id attempt, sdk::microseconds delay) {
 }
 
 result<void> store::cancel_attempt(attempt_id attempt, std::string_view reason) {
+  if (!tenure::detail::is_storable_text(reason)) return errc::invalid_argument;
   return transact<void>(*state_, tx_mode::write, [&](soci::session& s, std::int64_t now) {
     if (!cancel_attempt_in_tx(s, attempt, reason, now)) return result<void>(errc::stale_attempt);
     return result<void>(success());

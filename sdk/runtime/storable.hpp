@@ -4,8 +4,9 @@
 /// refuses invalid UTF-8 in text (22021) and NUL characters in text and jsonb (22P05), and libpq
 /// would cut a parameter at its first NUL byte without a word. Such a value would be refused on
 /// every retry, so it is repaired at the boundary instead: each offending byte sequence becomes
-/// U+FFFD, and the caller is told that something was replaced (so it can log it). Private to the
-/// runtime.
+/// U+FFFD, and the caller is told that something was replaced (so it can log it). The checks
+/// (is_storable_*) are also what the stores enforce, so that the SQLite fake refuses what
+/// PostgreSQL refuses. Private to tenure.
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -37,6 +38,31 @@ inline std::size_t utf8_sequence(std::string_view s, std::size_t i) noexcept {
     return 4;
   }
   return 0;
+}
+
+/// True when PostgreSQL stores `s` as text unchanged: valid UTF-8 without NUL characters.
+inline bool is_storable_text(std::string_view s) noexcept {
+  for (std::size_t i = 0; i < s.size();) {
+    const std::size_t n = s[i] == '\0' ? 0 : utf8_sequence(s, i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
+/// True when every string and object key in `v` is storable text (jsonb refuses \u0000 too).
+inline bool is_storable_json(const nlohmann::json& v) noexcept {
+  if (v.is_string()) return is_storable_text(v.get_ref<const std::string&>());
+  if (v.is_array()) {
+    for (const auto& e : v) {
+      if (!is_storable_json(e)) return false;
+    }
+  } else if (v.is_object()) {
+    for (const auto& [k, e] : v.items()) {
+      if (!is_storable_text(k) || !is_storable_json(e)) return false;
+    }
+  }
+  return true;
 }
 
 /// `s` with every NUL and every byte that does not start a valid UTF-8 sequence replaced by

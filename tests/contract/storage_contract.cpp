@@ -169,6 +169,9 @@ TEST_P(storage_contract, invalid_job_is_rejected_and_nothing_is_enqueued) {
       {"empty kind", [](new_job& j) { j.kind.clear(); }},
       {"long kind", [](new_job& j) { j.kind = std::string(256, 'k'); }},
       {"control in kind", [](new_job& j) { j.kind = "a\tb"; }},
+      {"C1 control in kind (U+0085)", [](new_job& j) { j.kind = "a\xC2\x85" "b"; }},
+      {"invalid UTF-8 in kind", [](new_job& j) { j.kind = "k\xff"; }},
+      {"invalid UTF-8 in queue", [](new_job& j) { j.queue = "q\xC3"; }},
       {"empty queue", [](new_job& j) { j.queue.clear(); }},
       {"long queue", [](new_job& j) { j.queue = std::string(129, 'q'); }},
       {"priority 0", [](new_job& j) { j.priority = 0; }},
@@ -190,6 +193,17 @@ TEST_P(storage_contract, args_that_cannot_be_json_text_are_invalid_argument) {
   EXPECT_TRUE(fails_with(db().enqueue(j), errc::invalid_argument));
   const std::vector<new_job> batch{make_job(), j};
   EXPECT_TRUE(fails_with(db().enqueue_batch(batch), errc::invalid_argument));
+  EXPECT_THAT(claim("default"), IsEmpty());
+}
+
+TEST_P(storage_contract, args_with_a_nul_character_are_invalid_argument_on_every_store) {
+  // JSON can say "\u0000"; jsonb cannot store it. A fake that took it would let unit tests pass
+  // with args production refuses.
+  for (const auto& args : {json{{"s", std::string("a\0b", 3)}}, json{{std::string("k\0", 2), 1}}}) {
+    new_job j = make_job();
+    j.args = args;
+    EXPECT_TRUE(fails_with(db().enqueue(j), errc::invalid_argument)) << args.dump();
+  }
   EXPECT_THAT(claim("default"), IsEmpty());
 }
 
@@ -386,6 +400,35 @@ TEST_P(storage_contract, invalid_progress_json_is_rejected_without_effect) {
   EXPECT_EQ(info.state, job_state::running);
   EXPECT_FALSE(info.progress);
   EXPECT_TRUE(complete(c.attempt, R"({"ok": true})"));
+}
+
+TEST_P(storage_contract, progress_with_a_nul_escape_is_rejected_without_effect) {
+  add(make_job());
+  const auto c = claim_one();
+  const std::vector<attempt_id> attempts{c.attempt};
+  const std::vector<std::optional<std::string>> bad{R"({"p": "x\u0000y"})"};
+  EXPECT_TRUE(fails_with(db().heartbeat(attempts, bad), errc::invalid_argument));
+  const completion item{c.attempt, R"({"p": "x\u0000y"})"};
+  EXPECT_TRUE(fails_with(db().complete(std::span(&item, 1)), errc::invalid_argument));
+  const auto info = read(c.attempt.job_id);
+  EXPECT_EQ(info.state, job_state::running);
+  EXPECT_FALSE(info.progress);
+}
+
+TEST_P(storage_contract, a_message_with_a_nul_or_invalid_utf8_is_refused_never_truncated) {
+  add(make_job());
+  add(make_job());
+  const auto claimed = claim("default", 2);
+  ASSERT_THAT(claimed, SizeIs(2));
+  EXPECT_TRUE(fails_with(db().fail(claimed[0].attempt, std::string("before\0after", 12), fail_disposition::permanent),
+                         errc::invalid_argument));
+  EXPECT_TRUE(fails_with(db().fail(claimed[0].attempt, "bad \xff\xfe bytes", fail_disposition::permanent),
+                         errc::invalid_argument));
+  EXPECT_TRUE(fails_with(db().cancel_attempt(claimed[1].attempt, std::string("x\0y", 3)), errc::invalid_argument));
+  EXPECT_EQ(read(claimed[0].attempt.job_id).state, job_state::running) << "nothing was written";
+  EXPECT_EQ(read(claimed[1].attempt.job_id).state, job_state::running);
+  EXPECT_EQ(must(db().fail(claimed[0].attempt, "plain words", fail_disposition::permanent)), job_state::failed);
+  EXPECT_EQ(read(claimed[0].attempt.job_id).last_error, "plain words");
 }
 
 // ---- completion -----------------------------------------------------------------------------
