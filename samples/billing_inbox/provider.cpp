@@ -94,7 +94,9 @@ http_server::handler make_provider_handler(const config& cfg, std::shared_ptr<se
       ++stats().http_requests;
       if (req.method() == http::verb::post) return charge(cfg, *pool, req);
       if (req.method() == http::verb::get) return list_charges(cfg, *pool);
-      return error_response(http::status::method_not_allowed, "use POST or GET /charges");
+      auto res = error_response(http::status::method_not_allowed, "use POST or GET /charges");
+      res.set(http::field::allow, "GET, POST");
+      return res;
     }
     return status(req);
   };

@@ -52,6 +52,13 @@ response unavailable(std::string_view why) {
   return error_response(http::status::service_unavailable, "database unavailable, try again");
 }
 
+/// 405 with the Allow header HTTP requires.
+response not_allowed(std::string_view allow, std::string_view message) {
+  auto res = error_response(http::status::method_not_allowed, message);
+  res.set(http::field::allow, std::string{allow});
+  return res;
+}
+
 /// A statement that gave up waiting (statement_timeout 57014, lock_timeout 55P03) or lost a
 /// serialization race (40001, 40P01): the transaction rolled back, nothing was written, and the
 /// same request may simply be sent again.
@@ -114,6 +121,16 @@ response create_order(const config& cfg, session_pool& pool, const request& req)
     try {
       tx.commit();
     } catch (const std::exception& e) {
+      // The server refused the COMMIT on a live session (e.g. a deferred constraint, 23xxx, or a
+      // serialization failure, 40001): it rolled back for certain, nothing was written.
+      if (connection_ok(**db) && !sqlstate_of(e).empty()) {
+        if (gave_up_waiting(e)) return busy("POST /orders (COMMIT)", "SQLSTATE " + sqlstate_of(e) + ": " + e.what());
+        spdlog::warn("web: COMMIT of order {} refused (SQLSTATE {}): {}; nothing written", order_id, sqlstate_of(e),
+                     e.what());
+        return error_response(http::status::conflict,
+                              "the database refused the order at COMMIT (SQLSTATE " + sqlstate_of(e) +
+                                  "): nothing was written");
+      }
       // The COMMIT was sent but its answer lost: the order and its job exist together or not at
       // all, and only the database knows which. Say so instead of inviting a blind retry.
       spdlog::warn("web: COMMIT of order {} in doubt: {}", order_id, e.what());
@@ -206,13 +223,13 @@ http_server::handler make_web_handler(const config& cfg, std::shared_ptr<session
     const std::string_view target{req.target().data(), req.target().size()};
     if (target == "/orders") {
       ++stats().http_requests;
-      if (req.method() != http::verb::post) return error_response(http::status::method_not_allowed, "use POST /orders");
+      if (req.method() != http::verb::post) return not_allowed("POST", "use POST /orders");
       return create_order(cfg, *pool, req);
     }
     constexpr std::string_view prefix = "/orders/";
     if (target.substr(0, prefix.size()) == prefix) {
       ++stats().http_requests;
-      if (req.method() != http::verb::get) return error_response(http::status::method_not_allowed, "use GET /orders/{id}");
+      if (req.method() != http::verb::get) return not_allowed("GET", "use GET /orders/{id}");
       return get_order(cfg, *pool, target.substr(prefix.size()));
     }
     return status(req);

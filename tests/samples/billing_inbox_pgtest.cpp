@@ -144,6 +144,7 @@ class child {
 struct reply {
   int status = 0;  ///< 0: no answer
   std::string body;
+  std::string head;  ///< the status line and headers, as sent
 };
 
 /// A tiny HTTP/1.1 client on a raw socket (Connection: close, read to EOF, 10 s deadline).
@@ -184,6 +185,7 @@ reply http(const std::string& base, const std::string& method, const std::string
   const auto end = raw.find("\r\n\r\n");
   if (raw.rfind("HTTP/1.1 ", 0) != 0 || end == std::string::npos) return r;
   r.status = std::stoi(raw.substr(9, 3));
+  r.head = raw.substr(0, end + 2);
   r.body = raw.substr(end + 4);
   return r;
 }
@@ -330,7 +332,9 @@ TEST_F(billing_inbox, orders_are_paid_through_complete_in_tx_and_bad_input_write
     EXPECT_EQ(r.status, status) << what << ": " << r.body;
     EXPECT_NE(r.body.find("\"error\""), std::string::npos) << what << ": " << r.body;
   }
-  EXPECT_EQ(http(web, "GET", "/orders").status, 405);
+  const auto wrong_method = http(web, "GET", "/orders");
+  EXPECT_EQ(wrong_method.status, 405);
+  EXPECT_NE(wrong_method.head.find("\r\nAllow: POST\r\n"), std::string::npos) << wrong_method.head;
   EXPECT_EQ(http(web, "GET", "/nowhere").status, 404);
 
   for (const auto& id : ids) ASSERT_TRUE(eventually([&] { return order_state(id) == "paid"; })) << "order " << id;
@@ -494,6 +498,23 @@ TEST_F(billing_inbox, an_order_blocked_behind_a_lock_is_answered_503_within_the_
   EXPECT_EQ(n("SELECT count(*) FROM " + a("orders")), 0);
   EXPECT_EQ(n("SELECT count(*) FROM " + jobs()), 0);
   EXPECT_EQ(http(web, "POST", "/orders", json_order("ada", 100)).status, 201) << "the next one goes through";
+}
+
+TEST_F(billing_inbox, a_commit_the_server_refuses_is_answered_409_as_not_written_not_in_doubt) {
+  const auto web = start_web();
+  // A deferred check that fails at COMMIT, on a live session (as a deferred constraint would).
+  db_.exec("CREATE FUNCTION " + a("refuse_at_commit") + "() RETURNS trigger LANGUAGE plpgsql AS "
+           "$$BEGIN IF NEW.customer = 'late-refusal' THEN RAISE EXCEPTION 'refused at commit'; END IF; "
+           "RETURN NULL; END$$");
+  db_.exec("CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT ON " + a("orders") +
+           " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION " + a("refuse_at_commit") + "()");
+  const auto r = http(web, "POST", "/orders", json_order("late-refusal", 100));
+  EXPECT_EQ(r.status, 409) << r.body;
+  EXPECT_NE(r.body.find("nothing was written"), std::string::npos) << r.body;
+  EXPECT_EQ(r.body.find("check GET /orders/"), std::string::npos) << "it is not in doubt: " << r.body;
+  EXPECT_EQ(n("SELECT count(*) FROM " + a("orders")), 0);
+  EXPECT_EQ(n("SELECT count(*) FROM " + jobs()), 0);
+  EXPECT_EQ(http(web, "POST", "/orders", json_order("ada", 100)).status, 201);
 }
 
 TEST_F(billing_inbox, a_provider_answering_404_is_retried_and_the_order_paid_once_the_url_is_fixed) {
