@@ -232,14 +232,13 @@ int run(config cfg) {
     serve(*provider_server, cfg.role == "all" ? cfg.provider_listen : cfg.listen, cfg.role == "all" ? "provider " : "");
     if (cfg.role == "all") cfg.provider_url = provider_server->url();
   }
+  // The worker is built first (its metrics are served below) but started last: every port is
+  // bound before it claims anything, so a port already in use ends the process before it holds an
+  // attempt (which would otherwise wait for rescue).
   if (worker) {
     rt = make_worker(cfg, pool, &why);
     if (!rt) {
       spdlog::critical("cannot start the worker: {}", why);
-      return 1;
-    }
-    if (auto started = rt->start(); !started) {
-      spdlog::critical("cannot start the worker: {}", started.error().message());
       return 1;
     }
   }
@@ -252,6 +251,12 @@ int run(config cfg) {
     web_server = std::make_unique<http_server>(http_server::options{.name = "worker"},
                                                make_status_handler(pool, runtime_metrics));
     serve(*web_server, cfg.listen, "");
+  }
+  if (rt) {
+    if (auto started = rt->start(); !started) {
+      spdlog::critical("cannot start the worker: {}", started.error().message());
+      return 1;
+    }
   }
 
   // Wait for SIGINT/SIGTERM (blocked in every thread; taken here), then shut down in order.

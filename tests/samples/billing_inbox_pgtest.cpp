@@ -583,6 +583,27 @@ TEST_F(billing_inbox, out_of_file_descriptors_the_web_server_pauses_accepting_in
   EXPECT_TRUE(eventually([&] { return http(web, "GET", "/healthz").status == 200; }, 10s));
 }
 
+TEST_F(billing_inbox, a_port_already_in_use_ends_the_process_before_its_worker_claims_anything) {
+  const auto web = start_web();
+  const auto id = order(web, "ada", 300);  // a charge job is waiting, and nobody works it yet
+  // Another program holds the port the next process is told to use.
+  const int taken = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  ASSERT_EQ(::bind(taken, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(taken, 1), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(taken, reinterpret_cast<sockaddr*>(&addr), &len);
+  const auto port = std::to_string(ntohs(addr.sin_port));
+  auto& all = spawn("all", {"--role", "all", "--listen", "127.0.0.1:" + port, "--heartbeat-ms", "200"});
+  ASSERT_TRUE(all.wait_exit());
+  ::close(taken);
+  EXPECT_TRUE(WIFEXITED(all.exit_status()) && WEXITSTATUS(all.exit_status()) == 1) << all.log();
+  EXPECT_NE(all.log().find("cannot listen on 127.0.0.1:" + port), std::string::npos) << all.log();
+  EXPECT_EQ(charge_job(id), "available 0 0") << "the job was never claimed by the process that could not serve";
+}
+
 TEST_F(billing_inbox, role_all_runs_web_worker_and_provider_in_one_process) {
   auto& all = spawn("all", {"--role", "all", "--listen", "127.0.0.1:0", "--heartbeat-ms", "200"});
   const auto provider = all.wait_line("provider listening ");
