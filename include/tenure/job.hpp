@@ -55,8 +55,10 @@ struct new_job {
 };
 
 /// errc::invalid_argument when a field is out of range: empty or oversized kind or queue, a kind
-/// or queue with control characters, priority outside 1..4, max_attempts < 1, or args that are
-/// not a JSON value (a discarded parse). JSON null args are stored as `{}`.
+/// or queue with control characters (C0, DEL or C1) or invalid UTF-8, priority outside 1..4,
+/// max_attempts < 1, or args that are not a JSON value (a discarded parse) or hold a NUL
+/// character or invalid UTF-8 in a string or key (jsonb cannot store them). JSON null args are
+/// stored as `{}`.
 result<void> validate(const new_job& job) noexcept;
 
 /// One attempt handed to a worker by a claim.
@@ -64,7 +66,9 @@ struct claimed_attempt {
   attempt_id attempt;
   std::string queue;
   std::string kind;
-  std::string args;  ///< JSON text, as stored
+  /// JSON text, as stored. Parse it, never compare it as text: PostgreSQL's jsonb normalises
+  /// spacing and key order ({"n": 3, "to": "a"}), the SQLite fake does not.
+  std::string args;
   int attempt_number = 0;  ///< executions so far, this one included (retry budget only)
   int max_attempts = 0;
   std::optional<time_point> deadline;  ///< hard deadline of this attempt, if the queue has one
