@@ -30,7 +30,6 @@ bool has_control_chars(std::string_view s) noexcept {
   return false;
 }
 
-
 /// Characters, not bytes, as PostgreSQL's length() counts them (UTF-8 continuation bytes skipped).
 std::size_t char_count(std::string_view s) noexcept {
   std::size_t n = 0;

@@ -1,9 +1,8 @@
 #include "connection.hpp"
 
-#include <cstdlib>
-
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 
 #include <spdlog/spdlog.h>
@@ -37,17 +36,19 @@ errc errc_from_sqlstate(std::string_view s) noexcept {
   return errc::database_error;
 }
 
-namespace {
-
-std::string one_line(std::string s) {
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  for (auto& c : s) {
-    if (c == '\n') c = ' ';
+std::string one_line(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    if (c == '\n' || c == '\r' || c == '\t') {
+      if (!out.empty() && out.back() != ' ') out += ' ';
+    } else {
+      out += c;
+    }
   }
-  return s;
+  while (!out.empty() && out.back() == ' ') out.pop_back();
+  return out;
 }
-
-}  // namespace
 
 result<std::unique_ptr<connection>> connection::open(const std::string& dsn, std::string* detail,
                                                      const std::string& application_name,
@@ -57,13 +58,18 @@ result<std::unique_ptr<connection>> connection::open(const std::string& dsn, std
   // and an established connection whose peer vanished without a word (a dropped network path, a
   // failover) is noticed within ~30 s (TCP keepalives, and an unacknowledged send), instead of
   // after the kernel's two hours. None of them limits how long a statement may run.
-  const bool env_timeout = std::getenv("PGCONNECT_TIMEOUT") != nullptr;
-  const char* keys[] = {"keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
-                        "tcp_user_timeout", env_timeout ? "dbname" : "connect_timeout", env_timeout ? nullptr : "dbname",
-                        nullptr};
-  const char* values[] = {"1", "10", "5", "3", "30000", env_timeout ? dsn.c_str() : "10",
-                          env_timeout ? nullptr : dsn.c_str(), nullptr};
-  PGconn* c = PQconnectdbParams(keys, values, /*expand_dbname=*/1);
+  std::vector<const char*> keys{"keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
+                                "tcp_user_timeout"};
+  std::vector<const char*> values{"1", "10", "5", "3", "30000"};
+  if (std::getenv("PGCONNECT_TIMEOUT") == nullptr) {  // an explicit default would override it
+    keys.push_back("connect_timeout");
+    values.push_back("10");
+  }
+  keys.push_back("dbname");  // expanded: the DSN's own settings override everything above
+  values.push_back(dsn.c_str());
+  keys.push_back(nullptr);
+  values.push_back(nullptr);
+  PGconn* c = PQconnectdbParams(keys.data(), values.data(), /*expand_dbname=*/1);
   if (c == nullptr || PQstatus(c) != CONNECTION_OK) {
     std::string msg = c ? one_line(PQerrorMessage(c)) : "out of memory";
     if (c) PQfinish(c);

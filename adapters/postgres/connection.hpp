@@ -58,6 +58,9 @@ class rows {
 /// Maps a SQLSTATE to a tenure error code.
 errc errc_from_sqlstate(std::string_view sqlstate) noexcept;
 
+/// A driver's or server's message on one log line: libpq's span several, indented with tabs.
+std::string one_line(std::string_view text);
+
 class connection {
  public:
   /// Connects (blocking). errc::database_unavailable when the server cannot be reached.

@@ -132,10 +132,7 @@ class pg_signal_port final : public sdk::signal_port {
   }
 
   std::error_code lost(std::string why = {}) {
-    if (why.empty()) why = PQerrorMessage(conn_->native());
-    for (auto& ch : why) {
-      if (ch == '\n' || ch == '\t') ch = ' ';
-    }
+    if (why.empty()) why = detail::one_line(PQerrorMessage(conn_->native()));
     spdlog::warn("tenure.pg: signal session lost{}: {}", leader_ ? " (maintenance leadership with it)" : "", why);
     conn_.reset();
     leader_ = false;

@@ -67,6 +67,9 @@ bool gave_up_waiting(const std::exception& e) {
   return state == "57014" || state == "55P03" || state == "40001" || state == "40P01";
 }
 
+/// "SQLSTATE xxxxx: message" of a database exception, for logs.
+std::string db_error_text(const std::exception& e) { return "SQLSTATE " + sqlstate_of(e) + ": " + e.what(); }
+
 response busy(std::string_view what, std::string_view why) {
   spdlog::warn("web: {} gave up waiting for the database ({}); answered 503, nothing written", what, why);
   auto res = error_response(http::status::service_unavailable, "database busy, nothing was written: try again");
@@ -124,9 +127,8 @@ response create_order(const config& cfg, session_pool& pool, const request& req)
       // The server refused the COMMIT on a live session (e.g. a deferred constraint, 23xxx, or a
       // serialization failure, 40001): it rolled back for certain, nothing was written.
       if (connection_ok(**db) && !sqlstate_of(e).empty()) {
-        if (gave_up_waiting(e)) return busy("POST /orders (COMMIT)", "SQLSTATE " + sqlstate_of(e) + ": " + e.what());
-        spdlog::warn("web: COMMIT of order {} refused (SQLSTATE {}): {}; nothing written", order_id, sqlstate_of(e),
-                     e.what());
+        if (gave_up_waiting(e)) return busy("POST /orders (COMMIT)", db_error_text(e));
+        spdlog::warn("web: COMMIT of order {} refused ({}); nothing written", order_id, db_error_text(e));
         return error_response(http::status::conflict,
                               "the database refused the order at COMMIT (SQLSTATE " + sqlstate_of(e) +
                                   "): nothing was written");
@@ -147,7 +149,7 @@ response create_order(const config& cfg, session_pool& pool, const request& req)
     return res;
   } catch (const std::exception& e) {
     if (!connection_ok(**db)) return unavailable(e.what());
-    if (gave_up_waiting(e)) return busy("POST /orders", "SQLSTATE " + sqlstate_of(e) + ": " + e.what());
+    if (gave_up_waiting(e)) return busy("POST /orders", db_error_text(e));
     spdlog::error("web: POST /orders failed: {}", e.what());
     return error_response(http::status::internal_server_error, "could not store the order");
   }
@@ -182,7 +184,7 @@ response get_order(const config& cfg, session_pool& pool, std::string_view id_te
     return json_response(http::status::ok, nlohmann::json::parse(body));
   } catch (const std::exception& e) {
     if (!connection_ok(**db)) return unavailable(e.what());
-    if (gave_up_waiting(e)) return busy("GET /orders/" + std::to_string(id), "SQLSTATE " + sqlstate_of(e) + ": " + e.what());
+    if (gave_up_waiting(e)) return busy("GET /orders/" + std::to_string(id), db_error_text(e));
     spdlog::error("web: GET /orders/{} failed: {}", id, e.what());
     return error_response(http::status::internal_server_error, "could not read the order");
   }

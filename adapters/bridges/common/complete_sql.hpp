@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/receipt_access.hpp"
+#include "connection.hpp"  // adapters/postgres: one_line
 #include "tenure/finalization.hpp"
 #include "tenure/postgres/schema.hpp"
 
@@ -49,27 +50,13 @@ inline result<finalization_receipt> receipt_from(const finalization_token& token
 
 /// Logs why complete_job failed and returns the error: a stale attempt at info (expected), the
 /// rest at error.
-/// A driver's error text on one log line: libpq's messages span several, with tabs.
-inline std::string one_line(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '\n' || c == '\t' || c == '\r') {
-      if (!out.empty() && out.back() != ' ') out += ' ';
-    } else {
-      out += c;
-    }
-  }
-  while (!out.empty() && out.back() == ' ') out.pop_back();
-  return out;
-}
-
 inline errc report_failure(const finalization_token& token, errc code, std::string_view detail) {
   if (code == errc::stale_attempt) {
     spdlog::info("tenure: complete_in_tx: job {} lease {} is stale (TN001); the caller's transaction is aborted",
                  token.job_id(), token.run_lease());
   } else {
     spdlog::error("tenure: complete_in_tx for job {} lease {} failed: {}", token.job_id(), token.run_lease(),
-                  one_line(detail));
+                  postgres::detail::one_line(detail));
   }
   return code;
 }

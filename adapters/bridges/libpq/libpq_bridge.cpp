@@ -36,7 +36,7 @@ result<finalization_receipt> complete_in_tx(PGconn* conn, const finalization_tok
   if (!res || PQresultStatus(res.get()) != PGRES_TUPLES_OK) {
     if (PQstatus(conn) != CONNECTION_OK) {
       spdlog::warn("tenure: complete_in_tx for job {} lease {}: connection lost ({}); the transaction is gone",
-                   token.job_id(), token.run_lease(), bridges::one_line(PQerrorMessage(conn)));
+                   token.job_id(), token.run_lease(), postgres::detail::one_line(PQerrorMessage(conn)));
       return errc::database_unavailable;
     }
     const char* state = res ? PQresultErrorField(res.get(), PG_DIAG_SQLSTATE) : nullptr;
