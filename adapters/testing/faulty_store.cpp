@@ -1,10 +1,10 @@
-#include "adapters/sqlite/faulty_store.hpp"
+#include "adapters/testing/faulty_store.hpp"
 
 #include <algorithm>
 #include <array>
 #include <utility>
 
-namespace tenure::sqlite {
+namespace tenure::testing {
 
 std::string_view to_string(op o) noexcept {
   static constexpr std::array<std::string_view, k_op_count> names{
@@ -204,4 +204,4 @@ result<void> faulty_store::configure_queue(std::string_view queue,
   return call<void>(op::configure_queue, [&] { return inner_.configure_queue(queue, settings); });
 }
 
-}  // namespace tenure::sqlite
+}  // namespace tenure::testing

@@ -1,6 +1,6 @@
 #pragma once
 /// \file
-/// `tenure::sqlite::faulty_store`: a storage port decorator that injects faults, so unit tests
+/// `tenure::testing::faulty_store`: a storage port decorator that injects faults, so unit tests
 /// can show what the engine does when the database refuses a call, loses a COMMIT
 /// acknowledgement or goes away.
 #include <array>
@@ -16,7 +16,7 @@
 
 #include "sdk/storage_port.hpp"
 
-namespace tenure::sqlite {
+namespace tenure::testing {
 
 /// One per storage_port method.
 enum class op {
@@ -144,4 +144,4 @@ class faulty_store final : public sdk::storage_port {
   bool connected_ = true;
 };
 
-}  // namespace tenure::sqlite
+}  // namespace tenure::testing

@@ -13,7 +13,7 @@
 #include <string>
 #include <thread>
 
-#include "adapters/sqlite/faulty_store.hpp"
+#include "adapters/testing/faulty_store.hpp"
 #include "support/pg.hpp"
 #include "tenure/libpq.hpp"
 #include "tenure/postgres/runtime.hpp"
@@ -23,7 +23,7 @@ namespace tenure::test {
 namespace {
 
 using namespace std::chrono_literals;
-using sqlite::op;
+using testing::op;
 
 template <class Cond>
 bool poll_until(Cond cond, std::chrono::milliseconds timeout) {
@@ -55,7 +55,7 @@ TEST(caller_owned_outage, permit_is_released_after_the_budget_without_any_write_
   ASSERT_TRUE(opened) << why;
   std::shared_ptr<postgres::store> inner{std::move(opened).value()};
   // A pass-through decorator (no faults armed) that counts every call the runtime makes.
-  auto counted = std::make_shared<sqlite::faulty_store>(*inner);
+  auto counted = std::make_shared<testing::faulty_store>(*inner);
 
   runtime_config cfg;
   cfg.queues = {{.name = "default", .max_concurrency = 1, .backoff_base = 1ms, .backoff_cap = 1ms}};

@@ -11,7 +11,7 @@
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 
-#include "adapters/sqlite/faulty_store.hpp"
+#include "adapters/testing/faulty_store.hpp"
 #include "adapters/sqlite/sqlite_store.hpp"
 #include "sdk/clock.hpp"
 #include "tenure/runtime.hpp"
@@ -20,7 +20,7 @@ namespace tenure {
 namespace {
 
 using namespace std::chrono_literals;
-using sqlite::op;
+using testing::op;
 
 template <class Cond>
 bool eventually(Cond cond, std::chrono::milliseconds timeout = 10s) {
@@ -38,7 +38,7 @@ class runtime_unit : public ::testing::Test {
     auto s = sqlite::store::open(":memory:", clock_);
     ASSERT_TRUE(s) << s.error().message();
     inner_ = std::move(s).value();
-    faulty_ = std::make_shared<sqlite::faulty_store>(*inner_);
+    faulty_ = std::make_shared<testing::faulty_store>(*inner_);
   }
 
   /// Timers far apart: heartbeat and maintenance run only when a test says so.
@@ -67,7 +67,7 @@ class runtime_unit : public ::testing::Test {
 
   sdk::manual_clock clock_;
   std::unique_ptr<sqlite::store> inner_;
-  std::shared_ptr<sqlite::faulty_store> faulty_;
+  std::shared_ptr<testing::faulty_store> faulty_;
 };
 
 TEST_F(runtime_unit, completions_are_flushed_as_batches_not_one_statement_each) {

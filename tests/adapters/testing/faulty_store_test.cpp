@@ -5,13 +5,14 @@
 #include <atomic>
 #include <thread>
 
-#include "adapters/sqlite/faulty_store.hpp"
+#include "adapters/testing/faulty_store.hpp"
 #include "adapters/sqlite/sqlite_store.hpp"
 
-namespace tenure::sqlite {
+namespace tenure::testing {
 namespace {
 
 using namespace std::chrono_literals;
+using sqlite::store;
 using sdk::attempt_evidence;
 using sdk::completion;
 using sdk::fail_disposition;
@@ -213,4 +214,4 @@ TEST_F(sqlite_faulty_store, faults_are_counted_exactly_across_threads) {
 }
 
 }  // namespace
-}  // namespace tenure::sqlite
+}  // namespace tenure::testing
