@@ -7,7 +7,8 @@
 
 #include <spdlog/spdlog.h>
 
-namespace tenure::postgres::detail {
+namespace tenure::postgres {
+namespace detail {
 
 std::int64_t rows::int64(int row, int col) const noexcept {
   const auto t = text(row, col);
@@ -15,6 +16,10 @@ std::int64_t rows::int64(int row, int col) const noexcept {
   std::from_chars(t.data(), t.data() + t.size(), v);
   return v;
 }
+
+}  // namespace detail
+
+// ---- the interface shared with the bridges (tenure/postgres/sql_text.hpp) -------------------
 
 errc errc_from_sqlstate(std::string_view s) noexcept {
   if (s == "TN001") return errc::stale_attempt;
@@ -49,6 +54,8 @@ std::string one_line(std::string_view text) {
   while (!out.empty() && out.back() == ' ') out.pop_back();
   return out;
 }
+
+namespace detail {
 
 result<std::unique_ptr<connection>> connection::open(const std::string& dsn, std::string* detail,
                                                      const std::string& application_name,
@@ -172,6 +179,8 @@ std::string connection::quote_literal(std::string_view s) const {
   return out;
 }
 
+}  // namespace detail
+
 std::string int_array(const std::vector<std::int64_t>& v) {
   std::string s = "{";
   for (std::size_t i = 0; i < v.size(); ++i) {
@@ -221,4 +230,4 @@ std::string timestamp_text(std::chrono::system_clock::time_point t) {
   return buf;
 }
 
-}  // namespace tenure::postgres::detail
+}  // namespace tenure::postgres

@@ -14,6 +14,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "tenure/postgres/sql_text.hpp"
 #include "tenure/result.hpp"
 
 namespace tenure::postgres::detail {
@@ -55,11 +56,13 @@ class rows {
   std::unique_ptr<PGresult, result_deleter> res_;
 };
 
-/// Maps a SQLSTATE to a tenure error code.
-errc errc_from_sqlstate(std::string_view sqlstate) noexcept;
-
-/// A driver's or server's message on one log line: libpq's span several, indented with tabs.
-std::string one_line(std::string_view text);
+// Declared in the adapter's interface for the bridges (tenure/postgres/sql_text.hpp).
+using postgres::errc_from_sqlstate;
+using postgres::int_array;
+using postgres::interval_text;
+using postgres::one_line;
+using postgres::text_array;
+using postgres::timestamp_text;
 
 class connection {
  public:
@@ -97,14 +100,6 @@ class connection {
 
 // ---- text forms of PostgreSQL values ---------------------------------------------------------
 
-/// '{1,2,3}' for bigint[] / int[].
-std::string int_array(const std::vector<std::int64_t>& v);
-/// '{"a","b\"c",NULL}' for text[] / jsonb[]: every element quoted and escaped.
-std::string text_array(const std::vector<std::optional<std::string>>& v);
-/// '1500000 microseconds' for interval.
-std::string interval_text(std::chrono::microseconds d);
-/// UTC timestamptz text with microseconds.
-std::string timestamp_text(std::chrono::system_clock::time_point t);
 /// A time point from epoch microseconds.
 inline std::chrono::system_clock::time_point from_epoch_us(std::int64_t us) {
   return std::chrono::system_clock::time_point{std::chrono::microseconds{us}};

@@ -12,7 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/receipt_access.hpp"
-#include "connection.hpp"  // adapters/postgres: one_line
+#include "tenure/postgres/sql_text.hpp"
 #include "tenure/finalization.hpp"
 #include "tenure/postgres/schema.hpp"
 
@@ -56,7 +56,7 @@ inline errc report_failure(const finalization_token& token, errc code, std::stri
                  token.job_id(), token.run_lease());
   } else {
     spdlog::error("tenure: complete_in_tx for job {} lease {} failed: {}", token.job_id(), token.run_lease(),
-                  postgres::detail::one_line(detail));
+                  postgres::one_line(detail));
   }
   return code;
 }

@@ -6,7 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/complete_sql.hpp"
-#include "connection.hpp"  // adapters/postgres: SQLSTATE mapping
+#include "tenure/postgres/sql_text.hpp"
 
 namespace tenure {
 
@@ -36,11 +36,11 @@ result<finalization_receipt> complete_in_tx(PGconn* conn, const finalization_tok
   if (!res || PQresultStatus(res.get()) != PGRES_TUPLES_OK) {
     if (PQstatus(conn) != CONNECTION_OK) {
       spdlog::warn("tenure: complete_in_tx for job {} lease {}: connection lost ({}); the transaction is gone",
-                   token.job_id(), token.run_lease(), postgres::detail::one_line(PQerrorMessage(conn)));
+                   token.job_id(), token.run_lease(), postgres::one_line(PQerrorMessage(conn)));
       return errc::database_unavailable;
     }
     const char* state = res ? PQresultErrorField(res.get(), PG_DIAG_SQLSTATE) : nullptr;
-    return bridges::report_failure(token, postgres::detail::errc_from_sqlstate(state ? state : ""),
+    return bridges::report_failure(token, postgres::errc_from_sqlstate(state ? state : ""),
                                    res ? PQresultErrorMessage(res.get()) : PQerrorMessage(conn));
   }
   if (PQntuples(res.get()) != 1 || PQgetisnull(res.get(), 0, 2)) return errc::protocol_error;

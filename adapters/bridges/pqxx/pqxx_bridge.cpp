@@ -3,7 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/complete_sql.hpp"
-#include "connection.hpp"  // adapters/postgres: SQLSTATE mapping
+#include "tenure/postgres/sql_text.hpp"
 
 namespace tenure {
 
@@ -28,7 +28,7 @@ result<finalization_receipt> complete_in_tx(pqxx::transaction_base& tx, const fi
                  token.job_id(), token.run_lease(), e.what());
     return errc::database_unavailable;
   } catch (const pqxx::sql_error& e) {
-    return bridges::report_failure(token, postgres::detail::errc_from_sqlstate(e.sqlstate()), e.what());
+    return bridges::report_failure(token, postgres::errc_from_sqlstate(e.sqlstate()), e.what());
   } catch (const pqxx::usage_error& e) {
     spdlog::error("tenure: complete_in_tx for job {} lease {}: {}", token.job_id(), token.run_lease(), e.what());
     return errc::protocol_error;

@@ -6,13 +6,13 @@
 
 #include <spdlog/spdlog.h>
 
-#include "connection.hpp"  // adapters/postgres: text forms and SQLSTATE mapping
+#include "tenure/postgres/sql_text.hpp"
 #include "tenure/postgres/schema.hpp"
 
 namespace tenure {
 namespace {
 
-using postgres::detail::errc_from_sqlstate;
+using postgres::errc_from_sqlstate;
 
 /// Runs `fn`, turning SOCI exceptions into tenure error codes.
 template <class Fn>
@@ -86,7 +86,7 @@ result<std::int64_t> enqueue(soci::session& session, const new_job& job, const s
     auto maybe_args = args_text(job);
     if (!maybe_args) return errc::invalid_argument;
     std::string kind = job.kind, args = *maybe_args, queue = job.queue;
-    std::string run_at = job.run_at ? postgres::detail::timestamp_text(*job.run_at) : std::string{};
+    std::string run_at = job.run_at ? postgres::timestamp_text(*job.run_at) : std::string{};
     soci::indicator run_at_ind = job.run_at ? soci::i_ok : soci::i_null;
     int priority = job.priority, max_attempts = job.max_attempts;
     session << "SELECT " + options.schema +
@@ -110,13 +110,13 @@ result<std::vector<std::int64_t>> enqueue_batch(soci::session& session, std::spa
     args.emplace_back(args_text(j));
     if (!args.back()) return errc::invalid_argument;
     queues.emplace_back(j.queue);
-    run_ats.push_back(j.run_at ? std::optional{postgres::detail::timestamp_text(*j.run_at)} : std::nullopt);
+    run_ats.push_back(j.run_at ? std::optional{postgres::timestamp_text(*j.run_at)} : std::nullopt);
     priorities.push_back(j.priority);
     max_attempts.push_back(j.max_attempts);
   }
   return guarded(session, "enqueue_batch", [&]() -> result<std::vector<std::int64_t>> {
-    using postgres::detail::int_array;
-    using postgres::detail::text_array;
+    using postgres::int_array;
+    using postgres::text_array;
     std::string k = text_array(kinds), a = text_array(args), q = text_array(queues), r = text_array(run_ats),
                 p = int_array(priorities), m = int_array(max_attempts);
     // One statement for the whole batch; the id column comes back as one array in input order.
