@@ -6,6 +6,10 @@
 /// Used by one runtime thread only (not thread-safe), except `interrupt()`. Every method blocks.
 /// A lost connection loses leadership and any notifications sent meanwhile: after `connect()`
 /// succeeds again the runtime polls every queue once.
+///
+/// Signals are hints, never facts: on PostgreSQL any role that can connect may NOTIFY these
+/// channels. The runtime checks a cancel against the attempt's durable evidence before it
+/// cancels a handler, and coalesces wake and resume signals so a flood costs bounded work.
 #include <chrono>
 #include <string>
 #include <vector>
@@ -16,8 +20,9 @@
 namespace tenure::sdk {
 
 struct signal {
-  /// wake: a queue has work. cancel: an attempt was cancelled or rescued. resume: an attempt's
-  /// external callback was resumed (its waiting handler should poll now).
+  /// wake: a queue may have work. cancel: an attempt may have been cancelled, rescued or finished
+  /// from outside. resume: an attempt's external callback may have been resumed (its waiting
+  /// handler should poll now). A payload that does not parse is dropped by the port.
   enum class kind { wake, cancel, resume } what = kind::wake;
   std::string queue;   ///< for wake
   attempt_id attempt;  ///< for cancel and resume

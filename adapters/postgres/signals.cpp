@@ -115,20 +115,35 @@ class pg_signal_port final : public sdk::signal_port {
       const std::string channel = n->relname;
       const std::string payload = n->extra;
       PQfreemem(n);
+      // Any role that can connect may NOTIFY these channels: a payload is a hint to check,
+      // and one that does not parse is dropped.
       sdk::signal s;
       if (channel == schema_ + "_wake") {
         s.what = sdk::signal::kind::wake;
         s.queue = payload;
-      } else {
+      } else if (channel == schema_ + "_cancel" || channel == schema_ + "_callback") {
         s.what = channel == schema_ + "_callback" ? sdk::signal::kind::resume : sdk::signal::kind::cancel;
-        const auto colon = payload.find(':');
-        if (colon == std::string::npos) continue;
-        std::from_chars(payload.data(), payload.data() + colon, s.attempt.job_id);
-        std::from_chars(payload.data() + colon + 1, payload.data() + payload.size(), s.attempt.run_lease);
+        if (!parse_attempt(payload, s.attempt)) {
+          spdlog::debug("tenure.pg: ignoring a malformed notification on {} ({} bytes)", channel, payload.size());
+          continue;
+        }
+      } else {
+        continue;
       }
       out.push_back(std::move(s));
     }
     return PQstatus(c) == CONNECTION_OK;
+  }
+
+  /// "<job_id>:<run_lease>", both positive decimal integers, nothing else.
+  static bool parse_attempt(const std::string& payload, attempt_id& out) {
+    const auto colon = payload.find(':');
+    if (colon == std::string::npos) return false;
+    const char* const end = payload.data() + payload.size();
+    auto [p1, e1] = std::from_chars(payload.data(), payload.data() + colon, out.job_id);
+    if (e1 != std::errc{} || p1 != payload.data() + colon || out.job_id <= 0) return false;
+    auto [p2, e2] = std::from_chars(payload.data() + colon + 1, end, out.run_lease);
+    return e2 == std::errc{} && p2 == end && out.run_lease > 0;
   }
 
   std::error_code lost(std::string why = {}) {

@@ -255,6 +255,7 @@ struct runtime_metrics {
   std::uint64_t reconcile_reads = 0;     ///< set-based evidence statements (exits, in-doubt flushes)
   std::uint64_t protocol_warnings = 0;   ///< handler exits the durable evidence contradicted
   std::uint64_t capacity_released = 0;   ///< permits released while evidence was unreachable
+  std::uint64_t cancel_checks = 0;       ///< liveness reads for cancel notifications (coalesced)
   std::int64_t in_flight = 0;     ///< attempts held (running or waiting for their flush)
   std::int64_t permits_held = 0;  ///< capacity permits held by attempts (all queues)
   std::int64_t watching = 0;      ///< attempts past their reconcile budget: permit released, still reconciling

@@ -101,6 +101,7 @@ result<nlohmann::json> job_context::wait_for_callback(const std::string& callbac
   using std::chrono::steady_clock;
   milliseconds backoff{20};
   constexpr milliseconds k_max_backoff{1'000};
+  constexpr milliseconds k_min_poke_gap{100};
   for (;;) {
     const bool cancelled = entry_->is_cancelled();
     const auto pokes = entry_->pokes.load(std::memory_order_acquire);
@@ -131,10 +132,16 @@ result<nlohmann::json> job_context::wait_for_callback(const std::string& callbac
       // A database error: keep waiting and ask again (the attempt stays parked or open).
     }
     // Sleep until the resume NOTIFY pokes us, the attempt is cancelled, or the backoff passes.
+    // A poke is only a hint (any role can send the NOTIFY): polls it brings forward are at
+    // least k_min_poke_gap apart, so a flood of them costs a bounded number of polls.
+    const auto polled_at = steady_clock::now();
     std::unique_lock lock(entry_->mu);
-    entry_->cv.wait_for(lock, backoff, [&] {
+    const bool poked = entry_->cv.wait_for(lock, backoff, [&] {
       return entry_->is_cancelled() || entry_->pokes.load(std::memory_order_acquire) != pokes;
     });
+    if (poked) {
+      entry_->cv.wait_until(lock, polled_at + k_min_poke_gap, [&] { return entry_->is_cancelled(); });
+    }
     backoff = std::min(backoff * 2, k_max_backoff);
   }
 }

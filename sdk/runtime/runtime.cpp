@@ -48,7 +48,7 @@ struct atomic_metrics {
   std::atomic<std::uint64_t> claimed{0}, completed{0}, stale_rejected{0}, retried{0}, failed{0},
       cancelled{0}, snoozed{0}, rescued{0}, claims{0}, flushes{0}, flushed_items{0}, flush_failures{0},
       flush_max_size{0}, flush_latency_us_total{0}, heartbeats{0}, database_errors{0}, reconciliations{0},
-      protocol_warnings{0}, capacity_released{0}, reconcile_reads{0};
+      protocol_warnings{0}, capacity_released{0}, reconcile_reads{0}, cancel_checks{0};
   std::atomic<std::int64_t> in_flight{0}, permits_held{0}, watching{0}, pending_completions{0};
 };
 
@@ -60,6 +60,12 @@ std::string default_worker_id() {
 
 constexpr milliseconds k_first_idle_step{2};
 constexpr milliseconds k_sleep_after_step{4};
+/// Notifications are hints that any role able to connect can send: a wake-up starts a claim
+/// no sooner than this after the queue's last claim answered, and cancel hints are checked
+/// against the database at most once per k_cancel_check_gap, so a flood costs O(1) statements
+/// per interval.
+constexpr milliseconds k_wake_gap{20};
+constexpr milliseconds k_cancel_check_gap{50};
 
 /// Exponential backoff for retrying database work: 50 ms doubling to 5 s.
 milliseconds next_backoff(milliseconds current) {
@@ -71,16 +77,20 @@ milliseconds next_backoff(milliseconds current) {
 
 struct runtime::impl {
   struct queue_state {
-    queue_state(asio::io_context& io, queue_options o) : opt(std::move(o)), free(opt.max_concurrency), timer(io) {}
+    queue_state(asio::io_context& io, queue_options o)
+        : opt(std::move(o)), free(opt.max_concurrency), timer(io), wake_timer(io) {}
     queue_options opt;
     int free;               ///< capacity permits not held by an attempt or a claim in progress
     bool claiming = false;  ///< a claim statement is in flight
     bool drained = false;   ///< the last claim found fewer jobs than it asked for
-    bool wake_pending = false;
+    bool wake_pending = false;  ///< a wake-up is owed one claim (after the one in flight, or k_wake_gap)
+    bool wake_timer_armed = false;
     bool pump_posted = false;
     milliseconds idle_step{0};
     milliseconds error_backoff{0};
+    steady_clock::time_point last_answer{};  ///< when the last claim statement answered
     asio::steady_timer timer;
+    asio::steady_timer wake_timer;
   };
 
   struct pending_completion {
@@ -102,7 +112,8 @@ struct runtime::impl {
         evidence(ctl, [this](std::vector<pending_reconcile> b) { read_evidence(std::move(b)); }),
         heartbeat_timer(ctl),
         maintenance_timer(ctl),
-        capacity_timer(ctl) {
+        capacity_timer(ctl),
+        cancel_check_timer(ctl) {
     completions.configure(static_cast<std::size_t>(cfg.completion_batch), cfg.flush_delay);
     evidence.configure(static_cast<std::size_t>(cfg.completion_batch), cfg.flush_delay);
     for (const auto& q : cfg.queues) {
@@ -139,6 +150,13 @@ struct runtime::impl {
   asio::steady_timer maintenance_timer;
   asio::steady_timer capacity_timer;
   milliseconds flush_backoff{0};
+  /// Attempts in flight here that a cancel notification named, waiting for their liveness check.
+  std::set<attempt_id> cancel_hints;
+  asio::steady_timer cancel_check_timer;
+  bool cancel_check_running = false;
+  bool cancel_check_armed = false;
+  steady_clock::time_point last_cancel_check{};
+  milliseconds cancel_check_backoff{0};
   bool heartbeat_running = false;
   bool maintenance_running = false;
   int running_handlers = 0;
@@ -222,6 +240,7 @@ struct runtime::impl {
 
   void on_claimed(queue_state& q, int asked, result<std::vector<claimed_attempt>> r) {
     q.claiming = false;
+    q.last_answer = steady_clock::now();
     if (!r) {
       q.free += asked;
       m.database_errors.fetch_add(1, std::memory_order_relaxed);
@@ -251,7 +270,9 @@ struct runtime::impl {
     q.drained = true;
     if (stopping) return;
     if (q.wake_pending) {
-      pump(q);
+      // A wake-up arrived while this claim was in flight: its job may have committed after the
+      // claim's snapshot, so one more claim runs (no sooner than k_wake_gap from now).
+      claim_for_wake(q);
       return;
     }
     // Drained. Poll eagerly at first (2 ms, then 4 ms): under steady load the next jobs are
@@ -289,16 +310,35 @@ struct runtime::impl {
     return std::any_of(queues.begin(), queues.end(), [](const auto& q) { return q->claiming; });
   }
 
+  /// A wake-up for `queue` (a NOTIFY, a rescue, a reconnect). NOTIFY needs no privilege, so a
+  /// wake-up is only a hint: it never resets the idle polling (a claim that finds jobs does),
+  /// and wake-ups are coalesced into at most one claim per queue per k_wake_gap after the last
+  /// claim answered, however many arrive.
   void on_wake(const std::string& queue) {
     auto it = by_name.find(queue);
     if (it == by_name.end()) return;
     auto& q = *it->second;
-    q.idle_step = milliseconds{0};
     if (q.claiming) {
       q.wake_pending = true;
       return;
     }
-    pump(q);
+    claim_for_wake(q);
+  }
+
+  void claim_for_wake(queue_state& q) {
+    const auto since = steady_clock::now() - q.last_answer;
+    if (since >= k_wake_gap) {
+      pump(q);
+      return;
+    }
+    q.wake_pending = true;
+    if (q.wake_timer_armed) return;
+    q.wake_timer_armed = true;
+    q.wake_timer.expires_after(k_wake_gap - since);
+    q.wake_timer.async_wait([this, &q](const boost::system::error_code& ec) {
+      q.wake_timer_armed = false;
+      if (!ec && q.wake_pending && !q.claiming) pump(q);
+    });
   }
 
   void start_attempt(claimed_attempt c) {
@@ -965,6 +1005,77 @@ struct runtime::impl {
         });
   }
 
+  // ---- cancel hints ----
+
+  /// A cancel notification named `a`. Any role can send one, so it only asks for a check: the
+  /// handler is cancelled once the database says the attempt is no longer live.
+  void on_cancel_hint(const attempt_id& a) {
+    auto it = in_flight.find(a);
+    if (it == in_flight.end() || it->second->handler_done || it->second->is_cancelled()) return;
+    cancel_hints.insert(a);
+    check_cancel_hints();
+  }
+
+  /// Reads the evidence of every hinted attempt in one statement, at most once per
+  /// k_cancel_check_gap (longer after a failed read); hints that arrive meanwhile wait for the next.
+  void check_cancel_hints() {
+    if (cancel_check_running || cancel_check_armed || cancel_hints.empty()) return;
+    const auto gap = std::max(k_cancel_check_gap, cancel_check_backoff);
+    const auto since = steady_clock::now() - last_cancel_check;
+    if (since < gap) {
+      cancel_check_armed = true;
+      cancel_check_timer.expires_after(gap - since);
+      cancel_check_timer.async_wait([this](const boost::system::error_code& ec) {
+        cancel_check_armed = false;
+        if (!ec) check_cancel_hints();
+      });
+      return;
+    }
+    std::vector<attempt_id> ids;
+    std::vector<entry_ptr> entries;
+    for (const auto& a : cancel_hints) {
+      auto it = in_flight.find(a);
+      if (it == in_flight.end() || it->second->handler_done || it->second->is_cancelled()) continue;
+      ids.push_back(a);
+      entries.push_back(it->second);
+    }
+    cancel_hints.clear();
+    if (ids.empty()) return;
+    cancel_check_running = true;
+    m.cancel_checks.fetch_add(1, std::memory_order_relaxed);
+    on_db([this, ids] { return store->reconcile(std::span<const attempt_id>{ids}); },
+          [this, entries = std::move(entries)](result<std::vector<sdk::attempt_evidence>> r) {
+            cancel_check_running = false;
+            last_cancel_check = steady_clock::now();
+            if (!r || r.value().size() != entries.size()) {
+              m.database_errors.fetch_add(1, std::memory_order_relaxed);
+              cancel_check_backoff = next_backoff(cancel_check_backoff);
+              spdlog::warn("tenure: checking {} cancel notification(s) against the database failed ({}); retrying "
+                           "in {} ms (the heartbeat also finds attempts no longer live)",
+                           entries.size(), r ? std::string{"answer of the wrong size"} : r.error().message(),
+                           std::max(k_cancel_check_gap, cancel_check_backoff).count());
+              for (const auto& e : entries) cancel_hints.insert(e->claim.attempt);
+              check_cancel_hints();
+              return;
+            }
+            cancel_check_backoff = milliseconds{0};
+            for (std::size_t i = 0; i < entries.size(); ++i) {
+              const auto& e = entries[i];
+              const auto& c = e->claim;
+              if (r.value()[i] == sdk::attempt_evidence::open) {
+                spdlog::debug("tenure: cancel notification for job {} lease {} queue {} ignored: the attempt is "
+                              "still live", c.attempt.job_id, c.attempt.run_lease, c.queue);
+                continue;
+              }
+              if (e->handler_done || e->is_cancelled() || !in_flight.contains(c.attempt)) continue;
+              spdlog::info("tenure: job {} lease {} queue {} was cancelled or rescued; cancelling its handler",
+                           c.attempt.job_id, c.attempt.run_lease, c.queue);
+              e->cancel();
+            }
+            check_cancel_hints();  // hints that arrived while this read was in flight
+          });
+  }
+
   // ---- signals ----
 
   void signal_loop() {
@@ -1003,23 +1114,26 @@ struct runtime::impl {
         leader = false;
         continue;
       }
+      if (r.value().empty()) continue;
+      // Every notification is a hint (any role that can connect may send one): one batch of
+      // them, duplicates merged, goes to the control thread as one task.
+      std::set<std::string> wakes;
+      std::set<attempt_id> cancels, resumes;
       for (auto& s : r.value()) {
-        if (s.what == sdk::signal::kind::wake) {
-          on_ctl([this, q = std::move(s.queue)] { on_wake(q); });
-        } else if (s.what == sdk::signal::kind::resume) {
-          on_ctl([this, a = s.attempt] {
-            if (auto it = in_flight.find(a); it != in_flight.end()) it->second->poke();
-          });
-        } else {
-          on_ctl([this, a = s.attempt] {
-            if (auto it = in_flight.find(a); it != in_flight.end()) {
-              spdlog::info("tenure: job {} lease {} queue {} was cancelled or rescued; cancelling its handler",
-                           a.job_id, a.run_lease, it->second->claim.queue);
-              it->second->cancel();
-            }
-          });
+        switch (s.what) {
+          case sdk::signal::kind::wake: wakes.insert(std::move(s.queue)); break;
+          case sdk::signal::kind::cancel: cancels.insert(s.attempt); break;
+          case sdk::signal::kind::resume: resumes.insert(s.attempt); break;
         }
       }
+      on_ctl([this, wakes = std::move(wakes), cancels = std::move(cancels), resumes = std::move(resumes)] {
+        for (const auto& q : wakes) on_wake(q);
+        for (const auto& a : cancels) on_cancel_hint(a);
+        for (const auto& a : resumes) {
+          // A waiting handler polls its callback now (context.cpp bounds how often).
+          if (auto it = in_flight.find(a); it != in_flight.end() && !it->second->handler_done) it->second->poke();
+        }
+      });
     }
     leader = false;
   }
@@ -1181,7 +1295,10 @@ void runtime::stop() noexcept {
     d.run_and_wait(
         [&d](std::function<void()> done) {
           d.stopping = true;
-          for (auto& q : d.queues) q->timer.cancel();
+          for (auto& q : d.queues) {
+            q->timer.cancel();
+            q->wake_timer.cancel();
+          }
           done();
         },
         milliseconds{60'000});
@@ -1240,6 +1357,7 @@ void runtime::stop() noexcept {
           d.heartbeat_timer.cancel();
           d.maintenance_timer.cancel();
           d.capacity_timer.cancel();
+          d.cancel_check_timer.cancel();
           d.completions.cancel();
           d.evidence.cancel();
           done();
@@ -1279,6 +1397,7 @@ runtime_metrics runtime::metrics() const {
   r.reconcile_reads = m.reconcile_reads;
   r.protocol_warnings = m.protocol_warnings;
   r.capacity_released = m.capacity_released;
+  r.cancel_checks = m.cancel_checks;
   r.in_flight = m.in_flight;
   r.permits_held = m.permits_held;
   r.watching = m.watching;
@@ -1318,6 +1437,8 @@ std::string runtime::prometheus_text() const {
   counter("reconcile_reads_total", "Set-based evidence statements (caller-owned exits, in-doubt flushes).",
           r.reconcile_reads);
   counter("protocol_warnings_total", "Handler exits contradicted by durable evidence.", r.protocol_warnings);
+  counter("cancel_checks_total", "Liveness reads for cancel notifications (one per coalesced batch).",
+          r.cancel_checks);
   counter("capacity_released_total", "Permits released while the database could not answer for an attempt.",
           r.capacity_released);
   gauge("flush_max_size", "Largest flush so far.", static_cast<std::int64_t>(r.flush_max_size));
