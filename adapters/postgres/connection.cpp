@@ -59,7 +59,7 @@ namespace detail {
 
 result<std::unique_ptr<connection>> connection::open(const std::string& dsn, std::string* detail,
                                                      const std::string& application_name,
-                                                     std::chrono::milliseconds lock_timeout) {
+                                                     std::chrono::milliseconds lock_timeout, session_use use) {
   // Defaults that bound every wait on a dead or silent server, placed before the DSN so that
   // whatever the DSN (or PGCONNECT_TIMEOUT) says wins: a connect that hangs gives up after 10 s,
   // and an established connection whose peer vanished without a word (a dropped network path, a
@@ -74,6 +74,12 @@ result<std::unique_ptr<connection>> connection::open(const std::string& dsn, std
   }
   keys.push_back("dbname");  // expanded: the DSN's own settings override everything above
   values.push_back(dsn.c_str());
+  if (!application_name.empty()) {
+    // A startup parameter, not a SET: poolers (pgbouncer) take it at connect and keep it with
+    // the client whichever server session serves it.
+    keys.push_back("application_name");
+    values.push_back(application_name.c_str());
+  }
   keys.push_back(nullptr);
   values.push_back(nullptr);
   PGconn* c = PQconnectdbParams(keys.data(), values.data(), /*expand_dbname=*/1);
@@ -87,13 +93,32 @@ result<std::unique_ptr<connection>> connection::open(const std::string& dsn, std
   PQsetNoticeProcessor(
       c, [](void*, const char* message) { spdlog::debug("tenure.pg: server notice: {}", one_line(message)); },
       nullptr);
-  std::unique_ptr<connection> conn{new connection(c)};
-  // UTC everywhere: timestamps cross this boundary as text or epoch microseconds.
-  std::string setup = "SET TimeZone = 'UTC'";
-  if (!application_name.empty()) setup += "; SET application_name = " + conn->quote_literal(application_name);
-  if (lock_timeout.count() > 0) setup += "; SET lock_timeout = " + std::to_string(lock_timeout.count());
-  PQclear(PQexec(c, setup.c_str()));
+  std::unique_ptr<connection> conn{new connection(c, lock_timeout, session_use::none)};
+  if (use == session_use::keep) {
+    auto kept = conn->keep_session(detail);
+    if (!kept) return kept.error();
+  }
   return conn;
+}
+
+result<void> connection::keep_session(std::string* detail) {
+  // UTC everywhere: timestamps cross this boundary as text or epoch microseconds. (Every value
+  // tenure sends carries its offset and every one it reads is epoch microseconds, so a
+  // connection without a session of its own does without it.)
+  std::string setup = "SET TimeZone = 'UTC'";
+  if (lock_timeout_.count() > 0) setup += "; SET lock_timeout = " + std::to_string(lock_timeout_.count());
+  auto done = exec_script(setup, effect::read, detail);
+  if (!done) return done.error();
+  use_ = session_use::keep;
+  return success();
+}
+
+result<bool> connection::behind_pooler(std::string* detail) {
+  if (!ok()) return errc::database_unavailable;
+  auto r = check(PQexecParams(conn_, "SELECT pg_catalog.pg_backend_pid()", 0, nullptr, nullptr, nullptr, nullptr, 0),
+                 "backend_pid", effect::read, detail);
+  if (!r) return r.error();
+  return r.value().int64(0, 0) != PQbackendPID(conn_);
 }
 
 connection::~connection() {
@@ -133,7 +158,7 @@ result<rows> connection::check(PGresult* r, const char* name, effect e, std::str
 result<rows> connection::exec(const statement& st, const std::vector<param>& params, effect e,
                               std::string* detail) {
   if (!ok()) return errc::database_unavailable;
-  if (!prepared_.contains(st.name)) {
+  if (use_ == session_use::keep && !prepared_.contains(st.name)) {
     PGresult* r = PQprepare(conn_, st.name, st.sql.c_str(), 0, nullptr);
     auto prepared = check(r, st.name, effect::read, detail);
     if (!prepared) return prepared.error();
@@ -151,9 +176,70 @@ result<rows> connection::exec(const statement& st, const std::vector<param>& par
     }
     values.push_back(p ? p->c_str() : nullptr);
   }
+  if (use_ == session_use::none) return exec_unnamed(st, values, e, detail);
   PGresult* r = PQexecPrepared(conn_, st.name, static_cast<int>(values.size()), values.data(),
                                nullptr, nullptr, 0);
   return check(r, st.name, e, detail);
+}
+
+result<rows> connection::exec_unnamed(const statement& st, const std::vector<const char*>& values, effect e,
+                                      std::string* detail) {
+  const int n = static_cast<int>(values.size());
+  if (lock_timeout_.count() <= 0) {
+    return check(PQexecParams(conn_, st.sql.c_str(), n, nullptr, values.data(), nullptr, nullptr, 0), st.name, e,
+                 detail);
+  }
+  // The lock_timeout setting and the statement in one pipeline with one sync: one round trip and
+  // one implicit transaction, so the setting ends with the statement's transaction and nothing
+  // is left on a server session a pooler hands on to another client.
+  const std::string timeout = std::to_string(lock_timeout_.count());
+  const char* setting[1] = {timeout.c_str()};
+  const bool sent =
+      PQenterPipelineMode(conn_) == 1 &&
+      PQsendQueryParams(conn_, "SELECT pg_catalog.set_config('lock_timeout', $1, true)", 1, nullptr, setting,
+                        nullptr, nullptr, 0) == 1 &&
+      PQsendQueryParams(conn_, st.sql.c_str(), n, nullptr, values.data(), nullptr, nullptr, 0) == 1 &&
+      PQpipelineSync(conn_) == 1;
+  // Results in order: the setting's, the statement's, then an error of the implicit COMMIT if it
+  // failed, then the sync. Each query's results end with one NULL.
+  std::vector<std::unique_ptr<PGresult, result_deleter>> got;
+  bool synced = false;
+  for (int ends = 0; sent && ends < 3;) {
+    PGresult* r = PQgetResult(conn_);
+    if (r == nullptr) {
+      if (PQstatus(conn_) != CONNECTION_OK) break;
+      ++ends;
+      continue;
+    }
+    if (PQresultStatus(r) == PGRES_PIPELINE_SYNC) {
+      PQclear(r);
+      synced = true;
+      break;
+    }
+    got.emplace_back(r);
+  }
+  if (PQexitPipelineMode(conn_) != 1) {
+    // Results still pending (a send failed half way): a connection in that state is not reused.
+    spdlog::warn("tenure.pg: statement {}: connection left in pipeline mode, closing it", st.name);
+    PQfinish(conn_);
+    conn_ = nullptr;
+    if (detail) *detail = "connection left in pipeline mode";
+    return e == effect::write ? errc::commit_in_doubt : errc::database_unavailable;
+  }
+  if (!synced) {
+    // The sync never came back: the transaction's end is unknown (a write may have committed).
+    return check(nullptr, st.name, e, detail);
+  }
+  for (auto& r : got) {
+    const auto status = PQresultStatus(r.get());
+    if (status != PGRES_TUPLES_OK && status != PGRES_COMMAND_OK) return check(r.release(), st.name, e, detail);
+  }
+  if (got.size() != 2) {
+    if (detail) *detail = "unexpected answer to a pipelined statement";
+    spdlog::error("tenure.pg: statement {}: {} results in its pipeline, expected 2", st.name, got.size());
+    return errc::database_error;
+  }
+  return rows{got[1].release()};
 }
 
 result<rows> connection::exec_script(const std::string& sql, effect e, std::string* detail) {

@@ -64,14 +64,28 @@ using postgres::one_line;
 using postgres::text_array;
 using postgres::timestamp_text;
 
+/// What a connection may leave on its server session between statements.
+enum class session_use {
+  /// The connection is a server session of its own for its whole life (a direct connection, or a
+  /// pooler in session mode): statements are prepared once by name, settings are made once.
+  keep,
+  /// Nothing outlives a transaction: a pooler in transaction mode may give every transaction
+  /// another server session. Statements go unnamed and no session setting is made; lock_timeout
+  /// is set for each statement's own transaction.
+  none,
+};
+
 class connection {
  public:
   /// Connects (blocking). errc::database_unavailable when the server cannot be reached.
-  /// `application_name`, when not empty, names the session in pg_stat_activity. A positive
-  /// `lock_timeout` bounds every lock wait of the session (SQLSTATE 55P03, transient_conflict).
+  /// `application_name`, when not empty, names the session in pg_stat_activity (sent at connect,
+  /// overriding the DSN's). A positive `lock_timeout` bounds every lock wait of the connection's
+  /// statements (SQLSTATE 55P03, transient_conflict). With session_use::keep the session also
+  /// gets TimeZone UTC.
   static result<std::unique_ptr<connection>> open(const std::string& dsn, std::string* detail = nullptr,
                                                   const std::string& application_name = {},
-                                                  std::chrono::milliseconds lock_timeout = {});
+                                                  std::chrono::milliseconds lock_timeout = {},
+                                                  session_use use = session_use::keep);
   ~connection();
   connection(const connection&) = delete;
   connection& operator=(const connection&) = delete;
@@ -82,6 +96,15 @@ class connection {
   /// Runs SQL text without parameters (may hold several statements). For migrations and DDL.
   result<rows> exec_script(const std::string& sql, effect e, std::string* detail = nullptr);
 
+  /// True when the server process answering differs from the one this connection was given at
+  /// connect: a pooler (pgbouncer, ...) sits between, handing out its own backend keys. Any
+  /// pooler that moves transactions between server sessions must, or cancel requests would reach
+  /// the wrong session. One unnamed statement.
+  result<bool> behind_pooler(std::string* detail = nullptr);
+  /// Switches a session_use::none connection found to be a session of its own to
+  /// session_use::keep, making the session settings now.
+  result<void> keep_session(std::string* detail = nullptr);
+
   bool ok() const noexcept { return conn_ && PQstatus(conn_) == CONNECTION_OK; }
   /// Leaves an aborted or open transaction, if any (after an error mid-transaction).
   void reset_transaction() noexcept;
@@ -91,12 +114,25 @@ class connection {
   std::string quote_literal(std::string_view s) const;
 
  private:
-  explicit connection(PGconn* c) noexcept : conn_(c) {}
+  connection(PGconn* c, std::chrono::milliseconds lock_timeout, session_use use) noexcept
+      : conn_(c), lock_timeout_(lock_timeout), use_(use) {}
   result<rows> check(PGresult* r, const char* name, effect e, std::string* detail);
+  /// session_use::none: the statement unnamed, with lock_timeout set for its own transaction.
+  result<rows> exec_unnamed(const statement& st, const std::vector<const char*>& values, effect e,
+                            std::string* detail);
 
   PGconn* conn_ = nullptr;
+  std::chrono::milliseconds lock_timeout_{};
+  session_use use_ = session_use::keep;
   std::unordered_set<std::string> prepared_;
 };
+
+/// Checks that `dsn` gives a server session of its own, as LISTEN/NOTIFY needs: success for a
+/// direct connection (checked by backend key, one round trip) or a session-mode pooler (a test
+/// notification arrives); errc::invalid_argument, with the cause and the fix in `detail`, when
+/// none arrives within `wait` (a pooler in transaction or statement mode). Takes no lock.
+result<void> require_session(const std::string& dsn, const std::string& application_name,
+                             std::chrono::milliseconds wait, std::string* detail = nullptr);
 
 // ---- text forms of PostgreSQL values ---------------------------------------------------------
 

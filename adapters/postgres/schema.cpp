@@ -84,7 +84,9 @@ result<std::unique_ptr<connection>> connect_checked(std::string_view dsn, std::s
     if (detail) *detail = "invalid schema name '" + std::string{schema} + "' (use [a-z_][a-z0-9_]*, at most 54 characters)";
     return errc::invalid_argument;
   }
-  return connection::open(std::string{dsn}, detail);
+  // Short connections that run a few statements and transactions: nothing to keep on a session,
+  // so they work through a transaction-pooling pooler too.
+  return connection::open(std::string{dsn}, detail, {}, {}, detail::session_use::none);
 }
 
 }  // namespace

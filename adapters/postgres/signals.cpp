@@ -182,11 +182,15 @@ result<std::unique_ptr<runtime>> make_runtime(runtime_options options, std::stri
     options.runtime.handler_store_calls = options.pool_size - options.reserved_connections;
   }
   options.runtime.sql_schema = options.schema;
+  // LISTEN/NOTIFY needs a session of its own: refuse a transaction-pooling pooler now, before
+  // anything is claimed or locked, rather than run deaf. Once that holds, so do named statements.
+  TENURE_TRYV(detail::require_session(options.dsn, options.application_name, std::chrono::seconds{5}, detail));
   auto st = store::open({.dsn = options.dsn,
                          .schema = options.schema,
                          .pool_size = options.pool_size,
                          .application_name = options.application_name,
-                         .lock_timeout = options.lock_timeout},
+                         .lock_timeout = options.lock_timeout,
+                         .pool_mode = pool_mode::session},
                         detail);
   if (!st) return st.error();
   std::shared_ptr<sdk::storage_port> shared{std::move(st).value()};

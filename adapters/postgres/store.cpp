@@ -129,7 +129,7 @@ struct store::impl {
     };
     if (!c || !c->ok()) {
       std::string why;
-      auto opened = connection::open(opt.dsn, &why, opt.application_name, opt.lock_timeout);
+      auto opened = open_connection(&why);
       if (!opened) {
         spdlog::warn("tenure.pg: {}", why);
         give_back(nullptr);
@@ -141,6 +141,12 @@ struct store::impl {
     c->reset_transaction();
     give_back(std::move(c));
     return r;
+  }
+
+  result<std::unique_ptr<connection>> open_connection(std::string* detail) {
+    return connection::open(opt.dsn, detail, opt.application_name, opt.lock_timeout,
+                            opt.pool_mode == pool_mode::session ? detail::session_use::keep
+                                                                : detail::session_use::none);
   }
 
   result<detail::rows> run(const statement& s, std::vector<param> params, effect e) {
@@ -160,8 +166,21 @@ result<std::unique_ptr<store>> store::open(store_options options, std::string* d
   }
   if (options.pool_size < 1) options.pool_size = 1;
   auto p = std::make_unique<impl>(std::move(options));
-  auto c = connection::open(p->opt.dsn, detail, p->opt.application_name, p->opt.lock_timeout);
+  const bool detect = p->opt.pool_mode == pool_mode::detect;
+  if (detect) p->opt.pool_mode = pool_mode::transaction;  // nothing left on a session until known
+  auto c = p->open_connection(detail);
   if (!c) return c.error();
+  if (detect) {
+    auto pooled = c.value()->behind_pooler(detail);
+    if (!pooled) return pooled.error();
+    if (!pooled.value()) {
+      p->opt.pool_mode = pool_mode::session;
+      if (auto kept = c.value()->keep_session(detail); !kept) return kept.error();
+    }
+    spdlog::debug("tenure.pg: store for schema {}: {}", p->opt.schema,
+                  pooled.value() ? "a pooler sits between, so no named statement or session setting is used"
+                                 : "a direct session, statements prepared by name");
+  }
   auto v = c.value()->exec(p->st.version, {}, effect::read, detail);
   if (!v) {
     if (v.error() == errc::schema_mismatch && detail) {
@@ -182,7 +201,7 @@ result<std::unique_ptr<store>> store::open(store_options options, std::string* d
   // Open the whole pool now: a connection opened on demand under load can take a second, and a
   // heartbeat waiting for one is how a live attempt ends up rescued.
   for (int i = 1; i < p->opt.pool_size; ++i) {
-    auto more = connection::open(p->opt.dsn, detail, p->opt.application_name, p->opt.lock_timeout);
+    auto more = p->open_connection(detail);
     if (!more) return more.error();
     p->idle.push_back(std::move(more).value());
   }

@@ -19,6 +19,25 @@ std::string test_dsn() {
 }
 
 namespace {
+std::string required_env(const char* name, const char* what) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') {
+    throw std::runtime_error(std::string{name} + " is not set: this test needs " + what +
+                             " (run scripts/test, or export " + name + "=$(scripts/pgbouncer " +
+                             (std::string{name}.find("SESSION") != std::string::npos ? "session-url" : "start") + "))");
+  }
+  return v;
+}
+}  // namespace
+
+std::string pooler_dsn() {
+  return required_env("TENURE_TEST_POOLER_DSN", "a PgBouncer in transaction pooling mode");
+}
+std::string session_pooler_dsn() {
+  return required_env("TENURE_TEST_SESSION_POOLER_DSN", "a PgBouncer session-mode pool");
+}
+
+namespace {
 std::string rebuild(const std::string& dsn, const std::string* user) {
   char* err = nullptr;
   PQconninfoOption* opts = PQconninfoParse(dsn.c_str(), &err);
@@ -71,14 +90,14 @@ const std::string& sql_result::at(std::size_t row, std::size_t col) const {
   return *c;
 }
 
-pg::pg(const std::string& dsn) : conn_(PQconnectdb(dsn.c_str())) {
+pg::pg(const std::string& dsn, bool session_settings) : conn_(PQconnectdb(dsn.c_str())) {
   if (PQstatus(conn_) != CONNECTION_OK) {
     std::string msg = PQerrorMessage(conn_);
     PQfinish(conn_);
     conn_ = nullptr;
     throw std::runtime_error("cannot connect: " + msg);
   }
-  PQclear(PQexec(conn_, "SET client_min_messages = warning; SET TimeZone = 'UTC'"));
+  if (session_settings) PQclear(PQexec(conn_, "SET client_min_messages = warning; SET TimeZone = 'UTC'"));
 }
 
 pg::~pg() {

@@ -13,6 +13,11 @@ namespace tenure::test {
 
 /// TENURE_TEST_DSN, or throws (so the test FAILS, never skips, when no server was given).
 std::string test_dsn();
+/// TENURE_TEST_POOLER_DSN: a PgBouncer with its default settings in transaction pooling mode in
+/// front of the test server (scripts/test starts one with scripts/pgbouncer), or throws.
+std::string pooler_dsn();
+/// TENURE_TEST_SESSION_POOLER_DSN: the same PgBouncer's session-mode pool of that server, or throws.
+std::string session_pooler_dsn();
 /// The same DSN, logging in as another role (libpq keyword form).
 std::string dsn_with_user(const std::string& dsn, const std::string& user);
 /// The same DSN in libpq keyword form ("host=... port=..."); SOCI's backend needs that form.
@@ -38,7 +43,9 @@ std::string array_literal(const sql_result& r, std::size_t col);
 /// One libpq connection for test SQL. Not thread-safe (one per thread).
 class pg {
  public:
-  explicit pg(const std::string& dsn);
+  /// `session_settings`: SET client_min_messages and TimeZone after connecting. Off for a
+  /// connection through a transaction-pooling pooler, which would hand them on to other clients.
+  explicit pg(const std::string& dsn, bool session_settings = true);
   ~pg();
   pg(const pg&) = delete;
   pg& operator=(const pg&) = delete;

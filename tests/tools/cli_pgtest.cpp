@@ -729,3 +729,70 @@ TEST_F(cli_pg, bench_keep_schema_leaves_the_named_schema_for_inspection) {
 }
 
 }  // namespace
+
+// ---- through a transaction-pooling pooler ----------------------------------------------------
+
+/// The same commands through a PgBouncer with its default settings in transaction pooling mode
+/// (TENURE_TEST_POOLER_DSN, scripts/pgbouncer): no startup options, no named statement or
+/// setting left on a server session that the next command (or anyone else) would trip over.
+class cli_pooler : public cli_pg {
+ protected:
+  void SetUp() override {
+    cli_pg::SetUp();  // db_ stays a direct connection, for setup and checks
+    const char* pooled = std::getenv("TENURE_TEST_POOLER_DSN");
+    ASSERT_TRUE(pooled != nullptr && *pooled != '\0')
+        << "TENURE_TEST_POOLER_DSN is not set. This test needs a PgBouncer in transaction mode: "
+           "export TENURE_TEST_POOLER_DSN=$(scripts/pgbouncer start)";
+    dsn_ = pooled;
+  }
+};
+
+TEST_F(cli_pooler, every_command_works_twice_in_a_row_through_transaction_pooling) {
+  for (int round = 0; round < 2; ++round) {
+    auto m = tenure({"migrate"});
+    expect_success(m);
+    EXPECT_TRUE(m.out.starts_with("schema " + schema_ + (round == 0 ? ": migrated from version 0 to " : ": already at version ")))
+        << m;
+  }
+  for (const char* grant : {"grant-finalizer", "grant-worker", "grant-producer", "grant-callback"}) {
+    const auto role = create_role();
+    for (int round = 0; round < 2; ++round) expect_success(tenure({grant, role}));
+  }
+  const auto first = enqueue({"send_email", "--args", R"({"to":"a@example.com"})"});
+  const auto second = enqueue({"send_email", "--queue", "mail", "--delay", "60"});
+  EXPECT_NE(first, second);
+  for (int round = 0; round < 2; ++round) {
+    EXPECT_EQ(status()["total"]["total"], 2);
+    expect_success(tenure({"status"}));
+    EXPECT_EQ(show(first)["state"], "available");
+    expect_success(tenure({"job", "show", std::to_string(second)}));
+  }
+  const std::string name = "job " + std::to_string(first);
+  auto cancelled = tenure({"job", "cancel", std::to_string(first)});
+  expect_success(cancelled);
+  EXPECT_EQ(cancelled.out, name + " cancelled\n");
+  auto cancelled_again = tenure({"job", "cancel", std::to_string(first)});
+  expect_success(cancelled_again);
+  EXPECT_EQ(cancelled_again.out, name + " not cancelled: it already finished (cancelled)\n");
+  auto retried = tenure({"job", "retry", std::to_string(first)});
+  expect_success(retried);
+  EXPECT_EQ(retried.out, name + " will run again: available now, attempts reset\n");
+  auto retried_again = tenure({"job", "retry", std::to_string(first)});
+  expect_success(retried_again);
+  EXPECT_EQ(retried_again.out, name + " not retried: it has not finished (available)\n");
+
+  db_->exec("SELECT * FROM " + schema_ + ".claim('default', 1, 'gone-worker')");
+  auto rescued = tenure({"rescue", "--stale-after", "0"});
+  expect_success(rescued);
+  EXPECT_TRUE(rescued.out.starts_with("rescued 1 stale attempt:\n")) << rescued;
+  auto rescued_again = tenure({"rescue", "--stale-after", "0"});
+  expect_success(rescued_again);
+  EXPECT_EQ(rescued_again.out, "rescued 0 stale attempts\n");
+}
+
+TEST_F(cli_pooler, errors_through_transaction_pooling_are_still_one_line) {
+  migrate();
+  expect_one_error_line(tenure({"job", "show", "424242"}), 1, "job 424242 not found");
+  expect_one_error_line(tenure({"job", "show", "424242"}), 1, "job 424242 not found");
+  expect_one_error_line(tenure({"enqueue", "k", "--args", "{"}), 1, "--args is not valid JSON");
+}

@@ -69,13 +69,8 @@ void print_failure(std::string_view message) {
 void apply_libpq_defaults() {
   ::setenv("PGCONNECT_TIMEOUT", "10", /*overwrite=*/0);
   ::setenv("PGAPPNAME", "tenure-cli", /*overwrite=*/0);
-  // Prepended, so a client_min_messages the user put in PGOPTIONS still wins (last -c wins).
-  std::string options = "-c client_min_messages=warning";
-  if (const char* user = std::getenv("PGOPTIONS"); user != nullptr && *user != '\0') {
-    options += ' ';
-    options += user;
-  }
-  ::setenv("PGOPTIONS", options.c_str(), /*overwrite=*/1);
+  // No startup `options` (PGOPTIONS) of tenure's own: poolers refuse them (pgbouncer: "unsupported
+  // startup parameter: options"). Server notices go to the debug log instead.
 }
 
 std::unique_ptr<postgres::store> open_store(const context& ctx) {
@@ -84,6 +79,9 @@ std::unique_ptr<postgres::store> open_store(const context& ctx) {
   options.schema = ctx.schema;
   options.pool_size = 1;  // one statement at a time
   options.application_name = "tenure-cli";
+  // A statement or two per run: nothing to gain from preparing them, and nothing is left on a
+  // server session, so every command works through a transaction-pooling pooler.
+  options.pool_mode = postgres::pool_mode::transaction;
   std::string detail;
   auto opened = postgres::store::open(std::move(options), &detail);
   if (!opened) {

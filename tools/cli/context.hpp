@@ -51,9 +51,8 @@ struct context {
 void print_failure(std::string_view message);
 
 /// Sets libpq defaults suited to a one-shot command, each only when the user has not set it:
-/// a connect timeout (a black-holed host must not hang the shell), an application name, and
-/// client_min_messages=warning (the adapter installs no notice processor, so libpq would print
-/// server NOTICEs such as "schema already exists, skipping" on stderr).
+/// a connect timeout (a black-holed host must not hang the shell) and an application name. No
+/// startup `options`: connection poolers refuse them.
 void apply_libpq_defaults();
 
 /// Opens the store and checks the schema version, or throws a command_error naming why not

@@ -4,6 +4,8 @@
 
 #include <memory>
 
+#include <spdlog/spdlog.h>
+
 #include "cli/context.hpp"
 
 namespace tenure::cli {
@@ -24,6 +26,11 @@ pg_session::pg_session(const std::string& dsn) : conn_(PQconnectdb(dsn.c_str()))
     conn_ = nullptr;
     throw command_error("cannot connect to the database: " + why);
   }
+  // Server NOTICEs go to the debug log (-vv), never onto stderr, where a command prints exactly
+  // one line when it fails.
+  PQsetNoticeProcessor(
+      conn_, [](void*, const char* message) { spdlog::debug("tenure.pg: server notice: {}", trimmed(message)); },
+      nullptr);
 }
 
 pg_session::~pg_session() {

@@ -27,6 +27,12 @@ struct runtime_options {
 /// Opens the store (checking the schema version), creates the signal session and the runtime
 /// (runtime.sql_schema is set to `schema`).
 /// Call handle() then start() on the result.
+/// The runtime needs a database session of its own (LISTEN/NOTIFY, prepared statements): behind
+/// a pooler (the server's process id is not the connection's own), a test NOTIFY must reach a
+/// LISTENing connection within 5 s. Through a pooler in transaction or statement mode it does
+/// not, and make_runtime returns errc::invalid_argument, naming the cause and the fix in
+/// `detail`, having taken no lock. Through session pooling the runtime runs as on a direct
+/// connection.
 result<std::unique_ptr<runtime>> make_runtime(runtime_options options, std::string* detail = nullptr);
 
 /// The signal port over one libpq session: LISTEN <schema>_wake and <schema>_cancel, and the

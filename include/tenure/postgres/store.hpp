@@ -11,6 +11,23 @@
 
 namespace tenure::postgres {
 
+/// What the store's connections are on the server side.
+enum class pool_mode {
+  /// Decided by open(): `transaction` when a pooler sits between the store and PostgreSQL (the
+  /// server's process id differs from the one the connection was given at connect: pgbouncer and
+  /// other poolers hand out their own), else `session`.
+  detect,
+  /// Each connection is a server session of its own for its whole life: a direct connection, or
+  /// a pooler in session mode. Statements are prepared once per connection by name, and
+  /// lock_timeout and TimeZone are set once per session. The runtime's store.
+  session,
+  /// A pooler may serve every transaction from another server session (pgbouncer
+  /// pool_mode=transaction or statement): nothing is left on a session. Every statement is sent
+  /// unnamed, in one round trip together with a lock_timeout local to its own transaction; no
+  /// startup `options`, no SET.
+  transaction,
+};
+
 struct store_options {
   std::string dsn;                 ///< libpq connection string or URL
   std::string schema = "tenure";   ///< where `tenure migrate` installed the schema
@@ -22,6 +39,9 @@ struct store_options {
   /// complete_job): the call fails with errc::transient_conflict and is retried later.
   /// 0: no limit.
   std::chrono::milliseconds lock_timeout{5'000};
+  /// Named prepared statements and session settings, or none (see pool_mode). After open(),
+  /// options().pool_mode says which one `detect` chose.
+  postgres::pool_mode pool_mode = postgres::pool_mode::detect;
 };
 
 /// Storage port over a small pool of libpq connections. Thread-safe: each call borrows one
@@ -30,8 +50,9 @@ struct store_options {
 /// such a statement was sent, the call reports errc::commit_in_doubt (it may have been applied).
 class store final : public sdk::storage_port {
  public:
-  /// Opens the pool (one connection at once, the rest on demand) and checks that the schema is
-  /// installed at the version this binary knows (errc::schema_mismatch otherwise).
+  /// Opens the pool (every connection at once) and checks that the schema is installed at the
+  /// version this binary knows (errc::schema_mismatch otherwise). With pool_mode::detect, the
+  /// first connection decides the mode (see pool_mode).
   static result<std::unique_ptr<store>> open(store_options options, std::string* detail = nullptr);
   ~store() override;
 

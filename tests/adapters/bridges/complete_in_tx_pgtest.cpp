@@ -43,7 +43,7 @@ class caller_tx {
 
 class libpq_tx final : public caller_tx {
  public:
-  explicit libpq_tx(const std::string& dsn) : db_(dsn) {}
+  explicit libpq_tx(const std::string& dsn, bool session_settings = true) : db_(dsn, session_settings) {}
   void begin() override { db_.exec("BEGIN"); }
   void exec(const std::string& sql) override { db_.exec(sql); }
   result<finalization_receipt> complete(const finalization_token& t, const finalize_options& o) override {
@@ -100,7 +100,10 @@ class soci_tx final : public caller_tx {
 class pqxx_tx final : public caller_tx {
  public:
   explicit pqxx_tx(const std::string& dsn) : conn_(dsn) {}
-  void begin() override { work_ = std::make_unique<pqxx::work>(conn_); }
+  void begin() override {
+    work_.reset();  // one transaction object per connection at a time
+    work_ = std::make_unique<pqxx::work>(conn_);
+  }
   void exec(const std::string& sql) override { work_->exec(sql); }
   result<finalization_receipt> complete(const finalization_token& t, const finalize_options& o) override {
     return tenure::complete_in_tx(*work_, t, o);
@@ -137,11 +140,13 @@ class complete_in_tx : public ::testing::TestWithParam<bridge> {
     store_ = std::move(st).value();
     opts_.schema = schema_.name();
   }
-  std::unique_ptr<caller_tx> open_tx() {
+  std::unique_ptr<caller_tx> open_tx() { return open_tx(schema_.dsn()); }
+  /// `dsn` may be a pooler's: the caller's connection then sets nothing on its server session.
+  std::unique_ptr<caller_tx> open_tx(const std::string& dsn) {
     switch (GetParam()) {
-      case bridge::libpq: return std::make_unique<libpq_tx>(schema_.dsn());
-      case bridge::soci: return std::make_unique<soci_tx>(schema_.dsn());
-      case bridge::pqxx: return std::make_unique<pqxx_tx>(schema_.dsn());
+      case bridge::libpq: return std::make_unique<libpq_tx>(dsn, dsn == schema_.dsn());
+      case bridge::soci: return std::make_unique<soci_tx>(dsn);
+      case bridge::pqxx: return std::make_unique<pqxx_tx>(dsn);
     }
     return nullptr;
   }
@@ -218,6 +223,36 @@ TEST_P(complete_in_tx, commit_makes_the_business_row_and_the_completion_exist_to
   auto ev = store_->reconcile(c.attempt);
   ASSERT_TRUE(ev);
   EXPECT_EQ(ev.value(), tenure::sdk::attempt_evidence::completed_by_this);
+}
+
+TEST_P(complete_in_tx, through_transaction_pooling_the_business_row_and_the_completion_commit_together) {
+  // A finalizer's connection through a PgBouncer in transaction mode with default settings: one
+  // connection for several transactions in a row, then a fresh one per transaction.
+  const std::string pooled = tenure::test::pooler_dsn();
+  auto kept = open_tx(pooled);
+  for (int round = 0; round < 6; ++round) {
+    const auto c = claim_one();
+    auto fresh = round % 2 ? open_tx(pooled) : nullptr;
+    caller_tx& tx = fresh ? *fresh : *kept;
+    tx.begin();
+    tx.exec(insert_order(c));
+    auto receipt = tx.complete(c.token(), opts_);
+    ASSERT_TRUE(receipt) << "round " << round << ": " << receipt.error().message();
+    EXPECT_EQ(receipt.value().attempt(), c.attempt);
+    ASSERT_TRUE(tx.commit());
+    EXPECT_EQ(job(c.attempt.job_id), "completed 1");
+  }
+  EXPECT_EQ(orders(), 6);
+  // A stale attempt still aborts the caller's writes through the pooler.
+  const auto c = claim_one();
+  ASSERT_TRUE(store_->cancel_job(c.attempt.job_id));
+  kept->begin();
+  kept->exec(insert_order(c));
+  auto stale = kept->complete(c.token(), opts_);
+  ASSERT_FALSE(stale);
+  EXPECT_EQ(stale.error(), errc::stale_attempt);
+  EXPECT_FALSE(kept->commit());
+  EXPECT_EQ(orders(), 6);
 }
 
 TEST_P(complete_in_tx, rollback_leaves_the_attempt_open_and_no_business_row) {

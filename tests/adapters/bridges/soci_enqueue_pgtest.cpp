@@ -3,6 +3,9 @@
 
 #include <sys/socket.h>
 
+#include <thread>
+#include <vector>
+
 #include <soci/postgresql/soci-postgresql.h>
 
 #include "support/pg.hpp"
@@ -38,6 +41,40 @@ TEST_F(soci_enqueue, commit_makes_the_business_row_and_the_job_exist_together) {
                           ".jobs WHERE id = $1", {std::to_string(id.value())}),
             "charge available 1");
   EXPECT_EQ(count("SELECT count(*) FROM " + schema_.name() + ".orders"), 1);
+}
+
+TEST_F(soci_enqueue, producers_enqueue_concurrently_through_transaction_pooling) {
+  // Two producers, each with its own SOCI session through a PgBouncer in transaction mode with
+  // default settings, each enqueueing in its own transactions, single and batch.
+  const std::string pooled = tenure::test::keyword_dsn(tenure::test::pooler_dsn());
+  constexpr int k_rounds = 30;
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> producers;
+  for (int t = 0; t < 2; ++t) {
+    producers.emplace_back([&, t] {
+      try {
+        soci::session db(soci::postgresql, pooled);
+        for (int i = 0; i < k_rounds; ++i) {
+          soci::transaction tx(db);
+          db << "INSERT INTO " + schema_.name() + ".orders (note) VALUES ('p" + std::to_string(t) + "')";
+          auto one = tenure::enqueue(db, {.kind = "charge", .args = {{"i", i}}}, opts_);
+          std::vector<tenure::new_job> two{{.kind = "charge"}, {.kind = "charge"}};
+          auto batch = tenure::enqueue_batch(db, two, opts_);
+          if (!one || !batch) {
+            errors[t] = "round " + std::to_string(i) + ": " + (!one ? one.error() : batch.error()).message();
+            return;
+          }
+          tx.commit();
+        }
+      } catch (const std::exception& e) {
+        errors[t] = e.what();
+      }
+    });
+  }
+  for (auto& p : producers) p.join();
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(count("SELECT count(*) FROM " + schema_.name() + ".orders"), 2 * k_rounds);
+  EXPECT_EQ(count("SELECT count(*) FROM " + schema_.name() + ".jobs"), 2 * 3 * k_rounds);
 }
 
 TEST_F(soci_enqueue, rollback_leaves_neither_the_business_row_nor_the_job) {
