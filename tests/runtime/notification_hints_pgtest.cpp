@@ -6,7 +6,7 @@
 #include <atomic>
 #include <future>
 
-#include "adapters/sqlite/faulty_store.hpp"
+#include "adapters/testing/faulty_store.hpp"
 #include "runtime/runtime_fixture.hpp"
 
 namespace tenure::test {
@@ -222,7 +222,7 @@ TEST_F(notification_hints_pg, a_wake_flood_costs_a_bounded_number_of_claims_and_
 
 TEST_F(notification_hints_pg, a_resume_flood_makes_a_waiting_handler_poll_a_bounded_number_of_times) {
   auto inner = open_store();
-  auto store = std::make_shared<sqlite::faulty_store>(*inner);
+  auto store = std::make_shared<testing::faulty_store>(*inner);
   std::string why;
   auto created = runtime::create(slow_heartbeat_config(), store,
                                  postgres::make_signal_port(schema_.dsn(), schema_.name(), "hints"), &why);
@@ -247,7 +247,7 @@ TEST_F(notification_hints_pg, a_resume_flood_makes_a_waiting_handler_poll_a_boun
   ASSERT_TRUE(eventually([&] { return state_of(job) == "waiting_external"; }));
   const auto lease = db_.scalar("SELECT run_lease FROM " + s("jobs") + " WHERE id = $1", {job});
 
-  const auto polls_before = store->calls(sqlite::op::await_callback);
+  const auto polls_before = store->calls(testing::op::await_callback);
   const auto t_flood = steady::now();
   std::atomic<long> sent{0};
   {
@@ -257,7 +257,7 @@ TEST_F(notification_hints_pg, a_resume_flood_makes_a_waiting_handler_poll_a_boun
                  }};
     std::this_thread::sleep_for(1s);
   }
-  const auto polls = store->calls(sqlite::op::await_callback) - polls_before;
+  const auto polls = store->calls(testing::op::await_callback) - polls_before;
   const auto flood_ms = std::chrono::duration_cast<std::chrono::milliseconds>(steady::now() - t_flood).count();
   EXPECT_GT(sent.load(), 500) << "the flood was not a flood";
   // One poll per 100 ms at most when poked (plus its own backoff polls).
