@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   std::string why;
   if (!tenure::postgres::migrate(url, schema, &why)) return std::cerr << why << "\n", 1;  // idempotent
 
+  // [snippet:enqueue]
   // 1. Transactional enqueue: COMMIT makes the signup and its job exist together.
   soci::session db(soci::postgresql, tenure::soci_connect_string(url).value());
   db << "CREATE TABLE IF NOT EXISTS signups (id bigserial PRIMARY KEY, email text NOT NULL)";
@@ -35,7 +36,9 @@ int main(int argc, char** argv) {
     job_id = job.value();
     std::cout << "signup stored with job " << job_id << "\n";
   }
+  // [/snippet:enqueue]
 
+  // [snippet:worker]
   // 2. A worker: an ordinary handler; its completion is flushed in a batch after it returns.
   // Other welcome_email jobs may be waiting too (earlier runs): they are sent as well, and the
   // program stops once this signup's email went out (a job may also run more than once).
@@ -52,6 +55,7 @@ int main(int argc, char** argv) {
   });
   if (!rt.value()->start()) return 1;
   sent.wait(false);
-  rt.value()->stop();  // flushes the completion before returning
+  rt.value()->stop();  // stops claiming, lets handlers finish, flushes every completion
+  // [/snippet:worker]
   return 0;
 }
