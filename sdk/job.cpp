@@ -64,8 +64,10 @@ result<void> validate(const new_job& job) noexcept {
   }
   if (job.priority < k_min_priority || job.priority > k_max_priority) return errc::invalid_argument;
   if (job.max_attempts < 1) return errc::invalid_argument;
+  // args are a JSON object (null is stored as {}), as the SQL enqueue functions require.
+  if (!job.args.is_object() && !job.args.is_null()) return errc::invalid_argument;
   // jsonb refuses \u0000 and text that is not UTF-8: refused here, by every store alike.
-  if (job.args.is_discarded() || !detail::is_storable_json(job.args)) return errc::invalid_argument;
+  if (!detail::is_storable_json(job.args)) return errc::invalid_argument;
   return success();
 }
 

@@ -72,9 +72,97 @@ result<void> refuse_foreign_schema(connection& c, const std::string& schema, std
                              : " and is PostgreSQL's default schema, which every role uses") +
                 "; tenure revokes PUBLIC's rights on its schema and on every function in it, so it installs "
                 "only into a schema of its own: choose another schema name (the default is tenure), or "
-                "create an empty schema for it";
+                "create an empty schema for it, owned by the role that runs migrate";
     }
   }
+  return errc::invalid_argument;
+}
+
+/// Who besides the role on `c` (current_user) can change what tenure's SECURITY DEFINER functions
+/// in `schema` run: those functions call each other, and read and write tenure's tables, with
+/// their owner's rights, so whoever can replace one of them, add an object they resolve to, or
+/// hang a trigger on a table they write, runs code with those rights. Checked, on an existing
+/// schema:
+///  - the schema is owned by current_user itself. A schema's owner may drop any object in it
+///    (and create a replacement); a schema owned by a group role current_user is a member of
+///    would be just as much every other member's.
+///  - no role holds CREATE on it but superusers and members of its owner (pg_has_role ... USAGE,
+///    which can act as the owner anyway): CREATE on the schema, granted to the role or to a group
+///    or PUBLIC, lets a role add functions beside tenure's.
+///  - every table, sequence, view, index, function and type in it is owned by current_user: the
+///    owner of a function may replace its body, the owner of a table may add triggers to it.
+///  - no role but a table's owner holds TRIGGER on a table in it.
+/// Members of current_user are not counted: they can act as current_user already, by a grant of
+/// its rights someone who could act as it made. Returns the reason (one line, with the fix), or
+/// an empty string when none of this holds; a schema that does not exist is fine.
+result<std::string> schema_control_problem(connection& c, const std::string& schema, std::string* detail) {
+  const std::string name = c.quote_literal(schema);
+  auto r = c.exec_script(
+      "WITH n AS (SELECT oid, nspowner, nspacl FROM pg_namespace WHERE nspname = " + name + "), "
+      "me AS (SELECT oid FROM pg_roles WHERE rolname = current_user), "
+      "creators AS (SELECT r.rolname FROM n, pg_roles r "
+      "             WHERE has_schema_privilege(r.oid, n.oid, 'CREATE') AND NOT r.rolsuper "
+      "               AND NOT pg_has_role(r.oid, n.nspowner, 'USAGE')), "
+      "foreign_owned AS ("
+      "  SELECT format('%s %s owned by %s', CASE c.relkind WHEN 'i' THEN 'index' WHEN 'S' THEN 'sequence' "
+      "                WHEN 'v' THEN 'view' ELSE 'table' END, c.oid::regclass, pg_get_userbyid(c.relowner)) AS what "
+      "    FROM n, me, pg_class c WHERE c.relnamespace = n.oid AND c.relowner <> me.oid "
+      "  UNION ALL SELECT format('function %s owned by %s', p.oid::regprocedure, pg_get_userbyid(p.proowner)) "
+      "    FROM n, me, pg_proc p WHERE p.pronamespace = n.oid AND p.proowner <> me.oid "
+      "  UNION ALL SELECT format('type %s owned by %s', t.oid::regtype, pg_get_userbyid(t.typowner)) "
+      "    FROM n, me, pg_type t WHERE t.typnamespace = n.oid AND t.typrelid = 0 AND t.typelem = 0 "
+      "     AND t.typowner <> me.oid), "
+      "triggerers AS (SELECT DISTINCT format('%s on %s', CASE a.grantee WHEN 0 THEN 'PUBLIC' "
+      "                      ELSE pg_get_userbyid(a.grantee) END, c.oid::regclass) AS what "
+      "    FROM n, pg_class c, aclexplode(c.relacl) a "
+      "   WHERE c.relnamespace = n.oid AND a.privilege_type = 'TRIGGER' AND a.grantee <> c.relowner) "
+      "SELECT (SELECT pg_get_userbyid(n.nspowner) FROM n, me WHERE n.nspowner <> me.oid), current_user, "
+      "       (SELECT count(*) FROM creators), "
+      "       (SELECT string_agg(rolname, ', ') FROM (SELECT rolname FROM creators ORDER BY rolname LIMIT 5) f), "
+      "       (SELECT count(*) FROM foreign_owned), "
+      "       (SELECT string_agg(what, ', ') FROM (SELECT what FROM foreign_owned ORDER BY what LIMIT 3) f), "
+      "       (SELECT string_agg(what, ', ') FROM (SELECT what FROM triggerers ORDER BY what LIMIT 5) f), "
+      "       EXISTS (SELECT 1 FROM n, aclexplode(n.nspacl) a WHERE a.grantee = 0 AND a.privilege_type = 'CREATE')",
+      effect::read, detail);
+  if (!r) return r.error();
+  const auto& row = r.value();
+  const std::string me{row.text(0, 1)};
+  const std::string rights = "; tenure's SECURITY DEFINER functions in it run with the rights of their owner, '" +
+                             me + "' (the role running migrate), and ";
+  if (!row.is_null(0, 0)) {
+    const std::string owner{row.text(0, 0)};
+    return "schema '" + schema + "' is owned by role '" + owner + "', not by '" + me + "'" + rights +
+           "a schema's owner may drop and replace any of them: run migrate as '" + owner +
+           "', or make '" + me + "' the owner (ALTER SCHEMA " + schema + " OWNER TO " + c.quote_ident(me) + ")";
+  }
+  if (row.int64(0, 2) > 0) {
+    const auto n = row.int64(0, 2);
+    const std::string who = row.boolean(0, 7) ? "every role (CREATE is granted to PUBLIC)"
+                                              : "role(s) " + std::string{row.text(0, 3)} +
+                                                    (n > 5 ? " and " + std::to_string(n - 5) + " more" : "");
+    return who + " may create objects in schema '" + schema + "' (CREATE on the schema)" + rights +
+           "a role that may add functions beside them may change what they call: REVOKE CREATE ON SCHEMA " +
+           schema + " FROM the role(s) or PUBLIC";
+  }
+  if (row.int64(0, 4) > 0) {
+    const auto n = row.int64(0, 4);
+    return std::to_string(n) + " object(s) in schema '" + schema + "' are owned by other roles than '" + me +
+           "' (" + std::string{row.text(0, 5)} + (n > 3 ? ", ..." : "") + ")" + rights +
+           "the owner of a function may replace it, the owner of a table may add triggers to it: run migrate as "
+           "the role that installed tenure, or make '" + me + "' the owner of every object in the schema";
+  }
+  if (!row.is_null(0, 6)) {
+    return "role(s) hold TRIGGER on tenure's tables in schema '" + schema + "' (" + std::string{row.text(0, 6)} +
+           ")" + rights + "a trigger on a table they write runs with those rights: REVOKE TRIGGER from them";
+  }
+  return std::string{};
+}
+
+/// schema_control_problem() as a refusal: errc::invalid_argument with the reason in `detail`.
+result<void> refuse_uncontrolled_schema(connection& c, const std::string& schema, std::string* detail) {
+  TENURE_TRY(auto problem, schema_control_problem(c, schema, detail));
+  if (problem.empty()) return success();
+  if (detail) *detail = std::move(problem);
   return errc::invalid_argument;
 }
 
@@ -110,6 +198,11 @@ result<int> installed_schema_version(std::string_view dsn, std::string_view sche
   return read_version(*c, schema, detail);
 }
 
+result<void> check_schema_control(std::string_view dsn, std::string_view schema, std::string* detail) {
+  TENURE_TRY(auto c, connect_checked(dsn, schema, detail));
+  return refuse_uncontrolled_schema(*c, std::string{schema}, detail);
+}
+
 result<int> migrate(std::string_view dsn, std::string_view schema, std::string* detail) {
   return detail::migrate_up_to(dsn, schema, known_schema_version(), detail);
 }
@@ -130,6 +223,11 @@ result<int> detail::migrate_up_to(std::string_view dsn, std::string_view schema,
   if (auto foreign = refuse_foreign_schema(*c, s, detail); !foreign) {
     c->reset_transaction();
     return foreign.error();
+  }
+  // Before anything is created or replaced: a fresh install and an upgrade alike.
+  if (auto uncontrolled = refuse_uncontrolled_schema(*c, s, detail); !uncontrolled) {
+    c->reset_transaction();
+    return uncontrolled.error();
   }
   auto begin = c->exec_script(
       "CREATE SCHEMA IF NOT EXISTS " + s + "; CREATE TABLE IF NOT EXISTS " + s +
@@ -175,8 +273,35 @@ result<int> detail::migrate_up_to(std::string_view dsn, std::string_view schema,
   return before.value();
 }
 
+std::string ungrantable_role_reason(std::string_view role) {
+  std::string lower{role};
+  for (char& ch : lower) {
+    if (ch >= 'A' && ch <= 'Z') ch = static_cast<char>(ch - 'A' + 'a');
+  }
+  const std::string quoted = "role name '" + std::string{role} + "'";
+  if (lower.empty()) return "the role name is empty";
+  // The role is quoted as an identifier, but PostgreSQL reads "public" as PUBLIC all the same;
+  // "PUBLIC" would name a role that only a mistake creates.
+  if (lower == "public") {
+    return quoted + " means every role (PUBLIC): tenure grants only to a named role, so that only "
+                    "roles given access have it";
+  }
+  if (lower == "none" || lower == "current_user" || lower == "current_role" || lower == "session_user") {
+    return quoted + " is reserved by PostgreSQL: name the role itself";
+  }
+  if (lower.starts_with("pg_")) {
+    return quoted + ": names starting with pg_ are PostgreSQL's predefined roles, which many roles may be "
+                    "members of: create a role for the purpose and grant to it";
+  }
+  return {};
+}
+
 result<void> grant(std::string_view dsn, grant_kind kind, std::string_view role, std::string_view schema,
                    std::string* detail) {
+  if (auto reserved = ungrantable_role_reason(role); !reserved.empty()) {
+    if (detail) *detail = std::move(reserved);
+    return errc::invalid_argument;
+  }
   TENURE_TRY(auto c, connect_checked(dsn, schema, detail));
   TENURE_TRY(auto version, read_version(*c, schema, detail));
   if (version != known_schema_version()) {

@@ -56,9 +56,10 @@ struct new_job {
 
 /// errc::invalid_argument when a field is out of range: empty or oversized kind or queue, a kind
 /// or queue with control characters (C0, DEL or C1) or invalid UTF-8, priority outside 1..4,
-/// max_attempts < 1, or args that are not a JSON value (a discarded parse) or hold a NUL
-/// character or invalid UTF-8 in a string or key (jsonb cannot store them). JSON null args are
-/// stored as `{}`.
+/// max_attempts < 1, args that are not a JSON object (a scalar, an array, or a discarded parse;
+/// JSON null args are stored as `{}`), or args that hold a NUL character or invalid UTF-8 in a
+/// string or key (jsonb cannot store them). run_at needs no check: a time_point cannot name a
+/// time past 2262-04-11, the last one the SQL enqueue functions accept.
 result<void> validate(const new_job& job) noexcept;
 
 /// One attempt handed to a worker by a claim.

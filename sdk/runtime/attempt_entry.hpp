@@ -112,12 +112,35 @@ struct attempt_entry {
     return text;
   }
 
+  /// The claimed args, parsed once (on the handler's thread). `{}` when they could not be parsed:
+  /// the runtime then fails the job instead of running its handler (args_problem()).
   const nlohmann::json& args() const {
     std::call_once(args_once, [this] {
-      args_json = nlohmann::json::parse(claim.args, nullptr, /*allow_exceptions=*/false);
-      if (args_json.is_discarded()) args_json = nlohmann::json::object();
+      try {
+        args_json = nlohmann::json::parse(claim.args);
+      } catch (const nlohmann::json::exception& e) {
+        // what() is "[json.exception.out_of_range.406] number overflow parsing '1e1000'"; the
+        // bracketed id means nothing to a reader of last_error.
+        std::string message = e.what();
+        if (const auto end = message.find("] "); message.starts_with("[json.exception") && end != std::string::npos) {
+          message.erase(0, end + 2);
+        }
+        // The number's literal comes quoted in full: jsonb writes 1e1000 as 1001 digits.
+        if (message.size() > 120) message = message.substr(0, 100) + "...'";
+        args_error = std::move(message);
+        args_json = nlohmann::json::object();
+      }
     });
     return args_json;
+  }
+  /// Why the claimed args cannot be handed to a handler, or nullopt. Valid jsonb can hold what
+  /// this process cannot represent (a number beyond a double's range, such as 1e1000): every
+  /// attempt would see the same args, so such a job fails at once instead of being retried.
+  std::optional<std::string> args_problem() const {
+    (void)args();
+    if (!args_error) return std::nullopt;
+    return "args cannot be read by this process (" + *args_error + "); the job failed without running its "
+           "handler, as every attempt would read the same args";
   }
 
   /// The store, for the handler's own guarded calls (flush_progress, previous_progress).
@@ -159,6 +182,7 @@ struct attempt_entry {
  private:
   mutable std::once_flag args_once;
   mutable nlohmann::json args_json;
+  mutable std::optional<std::string> args_error;  ///< set once, under args_once
 };
 
 }  // namespace tenure::detail

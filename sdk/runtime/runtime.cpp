@@ -369,8 +369,12 @@ struct runtime::impl {
     asio::post(*workers, [this, entry, &fn = it->second] {
       job_outcome outcome = job_outcome::completed();
       try {
-        job_context ctx{entry};
-        outcome = fn(ctx);
+        if (auto problem = entry->args_problem()) {
+          outcome = job_outcome::fail(std::move(*problem));  // never retried: the args stay the same
+        } else {
+          job_context ctx{entry};
+          outcome = fn(ctx);
+        }
       } catch (const std::exception& e) {
         outcome = job_outcome::retry(std::string{"handler threw: "} + e.what());
       } catch (...) {
@@ -423,6 +427,15 @@ struct runtime::impl {
 
   void run_caller_owned(const entry_ptr& entry, const caller_owned_handler& fn) {
     asio::post(*workers, [this, entry, &fn] {
+      if (auto problem = entry->args_problem()) {
+        // The handler never starts, so nothing of the caller's can have finalized the attempt:
+        // it fails through the runtime's own guarded write, as a plain handler's failure does.
+        on_ctl([this, entry, problem = std::move(*problem)]() mutable {
+          entry->caller_owned = false;
+          on_outcome(entry, job_outcome::fail(std::move(problem)));
+        });
+        return;
+      }
       handler_exit exit;
       {
         detail::gate_hold slot{owned_gate.get()};
@@ -591,10 +604,21 @@ struct runtime::impl {
     const auto now = steady_clock::now();
     if (now - *entry->done_at < reconcile_budget() && now - entry->last_live < staleness()) return;
     const auto& c = entry->claim;
-    spdlog::warn("tenure: job {} lease {} queue {}: no answer from the database for its outcome after {} ms; "
-                 "releasing its capacity permit, still {} (nothing is written without evidence)",
-                 c.attempt.job_id, c.attempt.run_lease, c.queue,
-                 std::chrono::duration_cast<milliseconds>(now - *entry->done_at).count(),
+    const auto ms = [](steady_clock::duration d) { return std::chrono::duration_cast<milliseconds>(d).count(); };
+    // Two reasons, worded apart: the database took longer than the reconcile budget to answer
+    // for the outcome, or the attempt was last confirmed live longer ago than the staleness
+    // (its rescue deadline), however recently its handler returned (a process that was paused).
+    const std::string why =
+        now - *entry->done_at >= reconcile_budget()
+            ? fmt::format("the database has not answered for its outcome in the {} ms since its handler returned "
+                          "(reconcile budget {} ms)",
+                          ms(now - *entry->done_at), ms(reconcile_budget()))
+            : fmt::format("the database last confirmed it live {} ms ago, past its staleness of {} ms (another "
+                          "worker may rescue it now); its handler returned {} ms ago",
+                          ms(now - entry->last_live), ms(staleness()), ms(now - *entry->done_at));
+    spdlog::warn("tenure: job {} lease {} queue {}: {}; releasing its capacity permit, still {} (nothing is "
+                 "written without evidence)",
+                 c.attempt.job_id, c.attempt.run_lease, c.queue, why,
                  entry->caller_owned ? "reconciling" : "retrying");
     m.watching.fetch_add(1, std::memory_order_relaxed);
     m.capacity_released.fetch_add(1, std::memory_order_relaxed);

@@ -178,6 +178,11 @@ TEST_P(storage_contract, invalid_job_is_rejected_and_nothing_is_enqueued) {
       {"priority 5", [](new_job& j) { j.priority = 5; }},
       {"max_attempts 0", [](new_job& j) { j.max_attempts = 0; }},
       {"discarded args", [](new_job& j) { j.args = json::parse("{", nullptr, false); }},
+      // args are a JSON object, as on the SQL side: handlers read named fields from them.
+      {"array args", [](new_job& j) { j.args = json::array({1, 2}); }},
+      {"string args", [](new_job& j) { j.args = "str"; }},
+      {"number args", [](new_job& j) { j.args = 7; }},
+      {"boolean args", [](new_job& j) { j.args = true; }},
   };
   for (const auto& [what, breaker] : breakers) {
     new_job j = make_job();

@@ -38,6 +38,39 @@ TEST_F(runtime_pg, drains_jobs_with_batched_claims_and_flushes) {
   rt->stop();
 }
 
+TEST_F(runtime_pg, args_valid_in_jsonb_but_not_readable_here_fail_the_job_at_once_with_the_reason) {
+  // jsonb holds 1e1000 exactly; no double does. The handler used to get {} and fail for a
+  // misleading reason, attempt after attempt, up to max_attempts.
+  const auto plain = enqueue("plain", R"({"n": 1e1000})");
+  const auto owned = enqueue("owned", R"({"big": [1, -1e999]})");
+  const auto fine = enqueue("plain", R"({"n": 1})");
+  auto rt = make();
+  std::atomic<int> plain_runs{0}, owned_runs{0};
+  rt->handle("plain", [&](job_context& ctx) {
+    if (ctx.args().value("n", 0) != 1) ++plain_runs;
+    return ctx.args().contains("n") ? job_outcome::completed() : job_outcome::retry("args have no n");
+  });
+  rt->handle_caller_owned("owned", [&](caller_owned_context&) -> result<finalization_receipt> {
+    ++owned_runs;
+    return make_error_code(errc::invalid_argument);
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return count("state IN ('failed', 'completed')") == 3; }))
+      << db_.exec("SELECT string_agg(id || ':' || state || ':' || coalesce(last_error, ''), ' | ') FROM " + s("jobs"))
+             .at(0, 0);
+  rt->stop();
+  EXPECT_EQ(plain_runs.load(), 0) << "the handler never saw args it could not be given";
+  EXPECT_EQ(owned_runs.load(), 0);
+  for (const auto& id : {plain, owned}) {
+    EXPECT_EQ(state_of(id), "failed") << id;
+    EXPECT_EQ(db_.scalar("SELECT attempt FROM " + s("jobs") + " WHERE id = $1", {id}), "1") << "never retried";
+    const auto error = db_.scalar("SELECT last_error FROM " + s("jobs") + " WHERE id = $1", {id});
+    EXPECT_NE(error.find("args cannot be read by this process (number overflow parsing"), std::string::npos) << error;
+    EXPECT_NE(error.find("failed without running its handler"), std::string::npos) << error;
+  }
+  EXPECT_EQ(state_of(fine), "completed");
+}
+
 TEST_F(runtime_pg, idle_worker_wakes_on_notify_without_waiting_for_the_poll) {
   auto cfg = fast_config();
   cfg.poll_interval = 30s;  // if the job is picked up quickly, NOTIFY did it

@@ -553,6 +553,31 @@ TEST_F(runtime_unit, caller_owned_exit_during_an_outage_releases_the_permit_afte
   rt->stop();
 }
 
+TEST_F(runtime_unit, a_permit_released_past_the_staleness_says_so_instead_of_no_answer_after_0_ms) {
+  // The handler outlives the attempt's staleness while heartbeats cannot reach the database (a
+  // paused process looks the same); when it returns, its permit is released at once. The warning
+  // used to say "no answer from the database for its outcome after 0 ms".
+  const auto id = enqueue();
+  auto c = config();
+  c.heartbeat_interval = 20ms;  // staleness 60 ms
+  c.reconcile_budget = 1h;
+  auto rt = make(c);
+  watching_log staleness{"past its staleness of 60 ms"};
+  watching_log zero{"after 0 ms"};
+  rt->handle("k", [&](job_context&) {
+    faulty_->lose_connection();
+    std::this_thread::sleep_for(150ms);
+    return job_outcome::retry("boom");
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return rt->metrics().capacity_released == 1; }));
+  EXPECT_EQ(staleness.hits(), 1);
+  EXPECT_EQ(zero.hits(), 0);
+  faulty_->restore_connection();
+  rt->stop();
+  (void)id;
+}
+
 TEST_F(runtime_unit, a_released_permit_lets_other_jobs_run_while_the_watcher_keeps_reconciling) {
   const auto slow = enqueue("charge");
   auto c = config();

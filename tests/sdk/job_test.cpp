@@ -27,6 +27,17 @@ TEST(job_validation, rejects_out_of_range_fields) {
   EXPECT_TRUE(bad([](new_job& j) { j.args = nlohmann::json::parse("{", nullptr, false); }));
 }
 
+TEST(job_validation, args_are_a_json_object_or_null) {
+  for (const auto& args : {nlohmann::json::array({1, 2}), nlohmann::json("str"), nlohmann::json(7),
+                           nlohmann::json(true), nlohmann::json::array()}) {
+    new_job j{.kind = "k", .args = args};
+    auto r = tenure::validate(j);
+    EXPECT_TRUE(!r && r.error() == errc::invalid_argument) << args.dump();
+  }
+  EXPECT_TRUE(tenure::validate(new_job{.kind = "k", .args = nullptr})) << "null args are stored as {}";
+  EXPECT_TRUE(tenure::validate(new_job{.kind = "k", .args = {{"a", 1}}}));
+}
+
 TEST(job_state, names_round_trip) {
   using tenure::job_state;
   for (auto s : {job_state::scheduled, job_state::available, job_state::running,

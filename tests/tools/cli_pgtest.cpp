@@ -241,17 +241,17 @@ class cli_pg : public testing::Test {
 TEST_F(cli_pg, migrate_then_migrate_again_is_a_no_op) {
   auto first = tenure({"migrate"});
   expect_success(first);
-  EXPECT_EQ(first.out, "schema " + schema_ + ": migrated from version 0 to 4\n");
+  EXPECT_EQ(first.out, "schema " + schema_ + ": migrated from version 0 to 5\n");
 
   auto second = tenure({"migrate"});
   expect_success(second);  // in particular no server NOTICE leaking onto stderr
-  EXPECT_EQ(second.out, "schema " + schema_ + ": already at version 4\n");
+  EXPECT_EQ(second.out, "schema " + schema_ + ": already at version 5\n");
 }
 
 TEST_F(cli_pg, environment_supplies_database_and_schema) {
   auto r = run_tenure({"migrate"}, {{"DATABASE_URL", dsn_}, {"TENURE_SCHEMA", schema_}});
   expect_success(r);
-  EXPECT_EQ(r.out, "schema " + schema_ + ": migrated from version 0 to 4\n");
+  EXPECT_EQ(r.out, "schema " + schema_ + ": migrated from version 0 to 5\n");
 }
 
 // ---- enqueue and job show --------------------------------------------------------------------
@@ -381,6 +381,66 @@ TEST_F(cli_pg, unknown_job_id_is_one_line) {
   }
 }
 
+TEST_F(cli_pg, job_show_json_prints_args_as_the_database_holds_them) {
+  // 1e1000 is valid jsonb but no double: it was printed as a JSON string of the text. An integer
+  // past 64 bits was printed rounded through a double.
+  migrate();
+  const std::string big = "123456789012345678901234567890";
+  const auto id = db_->exec("SELECT " + schema_ + ".enqueue('k', '{\"n\": 1e1000, \"big\": " + big +
+                            ", \"s\": \"x\"}')");
+  ASSERT_TRUE(id);
+  const auto held = db_->exec("SELECT args::text FROM " + schema_ + ".jobs WHERE id = " + *id);
+  ASSERT_TRUE(held);
+  ASSERT_NE(held->find(big), std::string::npos) << *held;
+  const auto r = tenure({"job", "show", *id, "--json"});
+  expect_success(r);
+  EXPECT_NE(r.out.find("\"args\": " + *held + ",\n"), std::string::npos) << r;
+  // Still one JSON object, every other field as before.
+  const auto j = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+  EXPECT_TRUE(j.is_discarded()) << "nlohmann cannot hold 1e1000 either; the text is JSON all the same";
+  const auto plain = enqueue({"k", "--args", R"({"a":[1,2],"b":{"c":null}})"});
+  const auto p = show(plain);
+  EXPECT_EQ(p["args"], nlohmann::json::parse(R"({"a":[1,2],"b":{"c":null}})"));
+  EXPECT_EQ(p["kind"], "k");
+  EXPECT_EQ(p["state"], "available");
+  EXPECT_EQ(p["progress"], nullptr);
+}
+
+TEST_F(cli_pg, refusals_name_the_field_and_the_allowed_range_in_words) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"enqueue", "a", "--max-attempts", "0"}, "--max-attempts: '0' is out of range: must be a whole number from 1 to 2147483647"},
+      {{"enqueue", "a", "--max-attempts", "-3"}, "--max-attempts: '-3' is out of range: must be a whole number from 1 to"},
+      {{"enqueue", "a", "--max-attempts", "99999999999"}, "--max-attempts: '99999999999' is out of range"},
+      {{"enqueue", "a", "--max-attempts", "0x10"}, "--max-attempts: '0x10' is not a whole number"},
+      {{"enqueue", "a", "--priority", "9"}, "--priority: '9' is out of range: must be 1 (highest) to 4 (lowest)"},
+      {{"enqueue", "a", "--priority", "1.5"}, "--priority: '1.5' is not a whole number: must be 1 (highest) to 4"},
+      {{"enqueue", "a", "--delay", "1e30"}, "--delay: '1e30' is out of range: must be from 0 to 3153600000 seconds"},
+      {{"rescue", "--stale-after", "-1"}, "--stale-after: '-1' is out of range: must be from 0 to 3153600000 seconds"},
+      {{"bench", "--seconds", "0"}, "--seconds: '0' is out of range: must be from 0.1 to 3600 seconds"},
+      {{"bench", "--rate", "-5"}, "--rate: '-5' is out of range: must be from 0 to 1000000 jobs per second"},
+      {{"bench", "--workers", "0"}, "--workers: '0' is out of range: must be a whole number from 1 to 64"},
+      {{"bench", "--jobs", "0"}, "--jobs: '0' is out of range: must be a whole number from 1 to 100000000"},
+      {{"bench", "--producers", "300"}, "--producers: '300' is out of range: must be a whole number from 1 to 256"},
+      {{"bench", "--pickup-samples", "0"}, "--pickup-samples: '0' is out of range"},
+      {{"bench", "--mode", "fast"}, "--mode: 'fast' is not a mode: must be runtime, sql-limit, enqueue-single or"},
+  };
+  for (auto [args, message] : cases) {
+    args.insert(args.begin(), {"--database-url", dsn_});
+    SCOPED_TRACE(testing::PrintToString(args));
+    const auto r = run_tenure(args);
+    expect_one_error_line(r, 2, message);
+    EXPECT_EQ(r.err.find("0.000000"), std::string::npos) << r;
+    EXPECT_EQ(r.err.find("1797693"), std::string::npos) << r;
+  }
+  // args are a JSON object, as the database requires.
+  migrate();
+  for (const char* args : {"[1,2]", "\"str\"", "7", "null", "true"}) {
+    expect_one_error_line(tenure({"enqueue", "k", "--args", args}), 1, "--args must be a JSON object");
+  }
+  expect_one_error_line(tenure({"enqueue", "k", "--args", "[1,2]"}), 1, "not a JSON array");
+  EXPECT_EQ(status()["total"]["total"], 0) << "nothing was written";
+}
+
 TEST_F(cli_pg, job_cancel_and_retry_say_what_happened) {
   migrate();
   const auto id = enqueue({"a"});
@@ -473,6 +533,31 @@ TEST_F(cli_pg, grant_callback_gives_the_callback_functions_and_nothing_else) {
   EXPECT_FALSE(has("has_function_privilege('" + role + "', '" + schema_ + ".complete_job(text,jsonb)', 'EXECUTE')"));
   EXPECT_FALSE(has("has_table_privilege('" + role + "', '" + schema_ + ".jobs', 'SELECT')"));
   EXPECT_FALSE(has("has_table_privilege('" + role + "', '" + schema_ + ".attempt_state', 'SELECT')"));
+}
+
+TEST_F(cli_pg, grants_to_public_and_reserved_role_names_are_refused_with_exit_2) {
+  // "public" is PUBLIC even quoted: the grant went to every role, exit 0.
+  migrate();
+  for (const char* command : {"grant-finalizer", "grant-worker", "grant-producer", "grant-callback"}) {
+    for (const char* role : {"public", "PUBLIC", "Public", "none", "current_user", "SESSION_USER", "current_role",
+                             "pg_monitor", "PG_READ_ALL_DATA", "pg_database_owner"}) {
+      SCOPED_TRACE(std::string{command} + " " + role);
+      auto r = tenure({command, role});
+      expect_one_error_line(r, 2, "tenure: cannot grant ");
+      EXPECT_NE(r.err.find("role name '" + std::string{role} + "'"), std::string::npos) << r;
+    }
+  }
+  expect_one_error_line(tenure({"grant-producer", "public"}), 2,
+                        "role name 'public' means every role (PUBLIC): tenure grants only to a named role");
+  expect_one_error_line(tenure({"grant-worker", "pg_monitor"}), 2, "names starting with pg_ are PostgreSQL's");
+  auto has = [&](const std::string& check) { return db_->exec("SELECT " + check) == "t"; };
+  EXPECT_FALSE(has("has_schema_privilege('public', '" + schema_ + "', 'USAGE')"));
+  EXPECT_FALSE(has("has_function_privilege('public', '" + schema_ + ".complete_job(text,jsonb)', 'EXECUTE')"));
+  EXPECT_FALSE(has("has_schema_privilege('pg_monitor', '" + schema_ + "', 'USAGE')"));
+  EXPECT_EQ(db_->exec("SELECT count(*) FROM pg_namespace n, aclexplode(n.nspacl) a WHERE n.nspname = '" + schema_ +
+                      "' AND a.grantee <> n.nspowner"),
+            "0")
+      << "nobody was granted anything";
 }
 
 // ---- failures every command shares -------------------------------------------------------------
@@ -593,11 +678,30 @@ TEST_F(cli_pg, migrate_into_a_schema_holding_other_objects_is_refused_with_the_r
   db_->exec("DROP SCHEMA " + app + " CASCADE");
 }
 
+TEST_F(cli_pg, migrate_into_a_schema_another_role_controls_is_refused_with_the_reason) {
+  // The schema's owner could drop tenure's SECURITY DEFINER functions and put its own in their
+  // place, to run with the migrating role's rights.
+  const auto role = create_role();
+  db_->exec("CREATE SCHEMA " + schema_ + " AUTHORIZATION " + role);
+  auto owned = tenure({"migrate"});
+  expect_one_error_line(owned, 2, "tenure: cannot migrate schema " + schema_ + ": schema '" + schema_ +
+                                      "' is owned by role '" + role + "', not by 'postgres'");
+  EXPECT_NE(owned.err.find("a schema's owner may drop and replace any of them"), std::string::npos) << owned;
+  // A role that may create objects beside tenure's functions is refused the same way.
+  db_->exec("ALTER SCHEMA " + schema_ + " OWNER TO current_user");
+  db_->exec("GRANT CREATE ON SCHEMA " + schema_ + " TO " + role);
+  auto create = tenure({"migrate"});
+  expect_one_error_line(create, 2, "role(s) " + role + " may create objects in schema '" + schema_ + "'");
+  EXPECT_EQ(db_->exec("SELECT to_regclass('" + schema_ + ".schema_version') IS NULL"), "t");
+  db_->exec("REVOKE CREATE ON SCHEMA " + schema_ + " FROM " + role);
+  expect_success(tenure({"migrate"}));
+}
+
 TEST_F(cli_pg, version_and_help_go_to_stdout) {
   auto version = run_tenure({"--version"});
   expect_success(version);
   EXPECT_TRUE(
-      std::regex_match(version.out, std::regex{R"(tenure [0-9]+\.[0-9]+\.[0-9]+ \(schema version 4\)\n)"}))
+      std::regex_match(version.out, std::regex{R"(tenure [0-9]+\.[0-9]+\.[0-9]+ \(schema version 5\)\n)"}))
       << version;
   auto help = run_tenure({"--help"});
   expect_success(help);

@@ -8,6 +8,7 @@
 
 #include "bench/bench.hpp"
 #include "cli/commands.hpp"
+#include "cli/number_text.hpp"
 
 namespace tenure::cli {
 namespace {
@@ -34,24 +35,33 @@ void register_bench(CLI::App& app, context& ctx) {
   auto opts = std::make_shared<bench::options>();
   auto* cmd = app.add_subcommand("bench", "Measure throughput and latency on a real database (one JSON line)");
   cmd->add_option("--mode", opts->mode, "runtime | sql-limit | enqueue-single | caller-owned")
-      ->check(CLI::IsMember({"runtime", "sql-limit", "enqueue-single", "caller-owned"}))
+      ->check(
+          [](const std::string& text) -> std::string {
+            for (const char* mode : {"runtime", "sql-limit", "enqueue-single", "caller-owned"}) {
+              if (text == mode) return {};
+            }
+            return "'" + text + "' is not a mode: must be runtime, sql-limit, enqueue-single or caller-owned";
+          },
+          "MODE")
       ->capture_default_str();
-  cmd->add_option("--jobs", opts->jobs, "Jobs to drain")->check(CLI::Range(1, 100'000'000))->capture_default_str();
+  cmd->add_option("--jobs", opts->jobs, "Jobs to drain")->check([](const std::string& t) { return check_integer(t, 1, 100'000'000); }, "1..100000000")->capture_default_str();
   cmd->add_option("--producers", opts->producers,
                   "enqueue-single: producer connections; caller-owned: handler threads (own connections)")
-      ->check(CLI::Range(1, 256))
+      ->check([](const std::string& t) { return check_integer(t, 1, 256); }, "1..256")
       ->capture_default_str();
   cmd->add_option("--seconds", opts->seconds, "enqueue-single: how long producers run")
-      ->check(CLI::Range(0.1, 3600.0))
+      ->check([](const std::string& t) { return check_number(t, 0.1, 3600, "seconds"); }, "0.1..3600")
       ->capture_default_str();
   cmd->add_option("--rate", opts->rate,
                   "enqueue-single: jobs/s the producers aim at together (0 = flat out); latency at a given load")
-      ->check(CLI::Range(0.0, 1'000'000.0))
+      ->check([](const std::string& t) {
+        return check_number(t, 0, 1'000'000, "jobs per second (0 = as fast as they can)");
+      }, "0..1000000")
       ->capture_default_str();
   cmd->add_option("--pickup-samples", opts->pickup_samples, "runtime: low-load pickup samples")
-      ->check(CLI::Range(1, 100'000))
+      ->check([](const std::string& t) { return check_integer(t, 1, 100'000); }, "1..100000")
       ->capture_default_str();
-  cmd->add_option("--workers", opts->workers, "sql-limit: connections")->check(CLI::Range(1, 64))->capture_default_str();
+  cmd->add_option("--workers", opts->workers, "sql-limit: connections")->check([](const std::string& t) { return check_integer(t, 1, 64); }, "1..64")->capture_default_str();
   cmd->add_flag("--keep-schema", opts->keep_schema, "Keep the bench schema for inspection");
   cmd->add_flag("--notify-always", opts->notify_always,
                 "enqueue-single: every enqueue pays for a NOTIFY (the per-commit design, for comparison)");

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <iostream>
+#include <limits>
 #include <memory>
 
 #include <nlohmann/json.hpp>
@@ -30,8 +31,9 @@ struct enqueue_options {
 /// Parses --args; a command_error naming the parse position otherwise.
 nlohmann::json parse_args(const std::string& text) {
   if (auto why = check_json_integers(text); !why.empty()) throw command_error("--args: " + why);
+  nlohmann::json args;
   try {
-    return nlohmann::json::parse(text);
+    args = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {  // parse errors, and numbers out of range (1e400)
     // what() is "[json.exception.parse_error.101] parse error at line 1, column 6: ..."; the
     // bracketed id means nothing to a user.
@@ -42,6 +44,12 @@ nlohmann::json parse_args(const std::string& text) {
     }
     throw command_error("--args is not valid JSON: " + message);
   }
+  // Handlers read named fields: args are an object, as the database requires.
+  if (!args.is_object()) {
+    throw command_error(std::string{"--args must be a JSON object (e.g. {\"id\": 42}), not a JSON "} +
+                        args.type_name());
+  }
+  return args;
 }
 
 std::optional<time_point> run_at_of(const enqueue_options& o) {
@@ -87,7 +95,9 @@ void register_enqueue(CLI::App& app, context& ctx) {
   cmd->add_option("--args", o->args, "Job arguments as JSON")->capture_default_str();
   cmd->add_option("--queue", o->queue, "Queue name")->capture_default_str();
   cmd->add_option("--priority", o->priority, "1 (highest) .. 4 (lowest)")
-      ->check(CLI::Range(k_min_priority, k_max_priority))
+      ->check([](const std::string& text) { return check_integer(text, k_min_priority, k_max_priority,
+                                                                 "1 (highest) to 4 (lowest)"); },
+              "1..4")
       ->capture_default_str();
   auto* run_at = cmd->add_option("--run-at", o->run_at,
                                  "Run no earlier than this ISO 8601 time (UTC unless it has an offset)")
@@ -104,7 +114,8 @@ void register_enqueue(CLI::App& app, context& ctx) {
                     ->check([](const std::string& text) { return check_seconds(text, k_max_seconds); }, "SECONDS");
   run_at->excludes(delay);
   cmd->add_option("--max-attempts", o->max_attempts, "Executions before the job fails for good")
-      ->check(CLI::PositiveNumber)
+      ->check([](const std::string& text) { return check_integer(text, 1, std::numeric_limits<int>::max()); },
+              "1..2147483647")
       ->capture_default_str();
   cmd->callback([&ctx, o] { ctx.run = [&ctx, o] { return run_enqueue(ctx, *o); }; });
 }

@@ -30,6 +30,9 @@ constexpr grant_command k_grants[] = {
 int run_grant(const context& ctx, const grant_command& g, const std::string& role) {
   // The adapter checks the version too, but tells a newer schema to "run tenure migrate";
   // this check says "upgrade tenure" instead.
+  if (auto reserved = postgres::ungrantable_role_reason(role); !reserved.empty()) {
+    throw command_error("cannot grant " + std::string{g.label} + " access: " + reserved, k_exit_usage);
+  }
   require_current_schema(ctx);
   std::string detail;
   auto granted = postgres::grant(ctx.dsn(), g.kind, role, ctx.schema, &detail);

@@ -34,7 +34,7 @@ void print_json(const job_info& j) {
   out["kind"] = j.kind;
   out["queue"] = j.queue;
   out["state"] = std::string{to_string(j.state)};
-  out["args"] = json_value(j.args);
+  out["args"] = nullptr;  // replaced below by the text the database holds
   out["priority"] = j.priority;
   out["attempt"] = j.attempt;
   out["max_attempts"] = j.max_attempts;
@@ -45,7 +45,19 @@ void print_json(const job_info& j) {
   out["last_error"] = j.last_error ? nlohmann::ordered_json(*j.last_error) : nullptr;
   out["progress"] = j.progress ? json_value(*j.progress) : nullptr;
   out["dead_lettered"] = j.dead_lettered;
-  std::cout << out.dump(2) << '\n';
+  // args go out as the JSON text the database holds (jsonb's own text, which is valid JSON), not
+  // through a parse: a number no double holds (1e1000) or an integer past 64 bits would be
+  // changed or lost on the way. Members are printed one by one to splice that text in.
+  std::string text = "{";
+  bool first = true;
+  for (const auto& [key, value] : out.items()) {
+    text += first ? "\n  " : ",\n  ";
+    first = false;
+    text += nlohmann::ordered_json(key).dump() + ": ";
+    text += key == "args" ? j.args : value.dump();
+  }
+  text += "\n}";
+  std::cout << text << '\n';
 }
 
 void print_text(const job_info& j) {

@@ -3,20 +3,61 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 namespace tenure::cli {
 
-std::string check_seconds(const std::string& text, double max) {
+namespace {
+
+/// A plain decimal: digits, an optional fraction and exponent; finite. nullopt otherwise.
+std::optional<double> plain_decimal(const std::string& text) {
   double v = 0;
   const char* end = text.data() + text.size();
   const bool plain = !text.empty() && text.find_first_not_of("0123456789.eE+-") == std::string::npos;
   const auto [ptr, ec] = std::from_chars(text.data(), end, v, std::chars_format::general);
-  if (!plain || ec != std::errc{} || ptr != end || !std::isfinite(v)) {
-    return "'" + text + "' is not a number of seconds (e.g. 30 or 0.5)";
+  if (!plain || ec != std::errc{} || ptr != end || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+/// `v` as a person writes it: 0.1, 3600, 1000000 (never 0.100000 or 1e+06).
+std::string number_words(double v) {
+  char buf[64];
+  const auto [ptr, ec] = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::fixed);
+  return ec == std::errc{} ? std::string(buf, ptr) : std::to_string(v);
+}
+
+}  // namespace
+
+std::string check_seconds(const std::string& text, double max) {
+  const auto v = plain_decimal(text);
+  if (!v) return "'" + text + "' is not a number of seconds (e.g. 30 or 0.5)";
+  if (*v < 0 || *v > max) {
+    return "'" + text + "' is out of range: must be from 0 to " + number_words(max) + " seconds";
   }
-  if (v < 0 || v > max) return "'" + text + "' is out of range: 0 .. " + std::to_string(static_cast<long long>(max)) + " seconds";
+  return {};
+}
+
+std::string check_number(const std::string& text, double min, double max, const std::string& unit) {
+  const std::string range = "from " + number_words(min) + " to " + number_words(max) + " " + unit;
+  const auto v = plain_decimal(text);
+  if (!v) return "'" + text + "' is not a number: must be " + range;
+  if (*v < min || *v > max) return "'" + text + "' is out of range: must be " + range;
+  return {};
+}
+
+std::string check_integer(const std::string& text, long long min, long long max, const std::string& range) {
+  const std::string words =
+      range.empty() ? "a whole number from " + std::to_string(min) + " to " + std::to_string(max) : range;
+  long long v = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, v, 10);
+  const bool digits = !text.empty() && text.find_first_not_of("0123456789", text[0] == '-' ? 1 : 0) == std::string::npos;
+  if (!digits || ec == std::errc::invalid_argument || ptr != end) {
+    return "'" + text + "' is not a whole number: must be " + words;
+  }
+  if (ec != std::errc{} || v < min || v > max) return "'" + text + "' is out of range: must be " + words;
   return {};
 }
 

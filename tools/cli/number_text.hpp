@@ -11,6 +11,15 @@ namespace tenure::cli {
 /// to `max`.
 std::string check_seconds(const std::string& text, double max);
 
+/// A whole number in base 10 (digits with an optional leading '-') from `min` to `max`. The reason
+/// says the allowed range in words: "must be a whole number from 1 to 100" unless `range` words it
+/// ("1 (highest) to 4 (lowest)").
+std::string check_integer(const std::string& text, long long min, long long max, const std::string& range = "");
+
+/// A plain decimal number (as check_seconds reads it), finite, from `min` to `max`; `unit` (e.g.
+/// "seconds", "jobs per second") follows the range in the reason.
+std::string check_number(const std::string& text, double min, double max, const std::string& unit);
+
 /// A job id: base-10 digits only, 1 .. 9223372036854775807.
 std::string check_job_id(const std::string& text);
 

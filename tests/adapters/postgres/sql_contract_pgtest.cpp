@@ -88,6 +88,50 @@ TEST_F(sql_contract, enqueue_rejects_bad_input_with_22023) {
   EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("jobs")), "0");
 }
 
+TEST_F(sql_contract, enqueue_refuses_args_that_are_not_an_object_and_run_at_the_sdk_cannot_hold_with_22023) {
+  // A scalar or array was stored as given; 'infinity' or year 10000 made a job that never ran
+  // and that no tool could read back (the SDK's clock ends in 2262).
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {", 'null'", "args must be a JSON object (got a JSON null)"},
+      {", '\"str\"'", "args must be a JSON object (got a JSON string)"},
+      {", '[1,2]'", "args must be a JSON object (got a JSON array)"},
+      {", '7'", "args must be a JSON object (got a JSON number)"},
+      {", '{}', 'default', 2, 'infinity'", "run_at must be before 2262-04-11 23:47:16.854775+00"},
+      {", '{}', 'default', 2, '10000-01-01'", "run_at must be before 2262-04-11 23:47:16.854775+00"},
+      {", '{}', 'default', 2, '2262-04-11 23:47:16.854776+00'", "run_at must be before"},
+  };
+  for (const auto& [extra, message] : cases) {
+    auto r = db_.query("SELECT " + s("enqueue") + "('k'" + extra + ")");
+    EXPECT_EQ(r.sqlstate, "22023") << extra << ": " << r.error;
+    EXPECT_NE(r.error.find("tenure.enqueue: " + message), std::string::npos) << r.error;
+  }
+  auto batch = db_.query("SELECT * FROM " + s("enqueue_batch") +
+                         "(ARRAY['a','b'], ARRAY['{}','[1]']::jsonb[], ARRAY['q','q'], ARRAY[2,2])");
+  EXPECT_EQ(batch.sqlstate, "22023") << batch.error;
+  EXPECT_NE(batch.error.find("tenure.enqueue_batch: job 2: args must be a JSON object (got a JSON array)"),
+            std::string::npos)
+      << batch.error;
+  batch = db_.query("SELECT * FROM " + s("enqueue_batch") +
+                    "(ARRAY['a','b'], ARRAY['{}','{}']::jsonb[], ARRAY['q','q'], ARRAY[2,2], "
+                    "ARRAY[NULL, 'infinity']::timestamptz[])");
+  EXPECT_EQ(batch.sqlstate, "22023") << batch.error;
+  EXPECT_NE(batch.error.find("tenure.enqueue_batch: job 2: run_at must be before"), std::string::npos) << batch.error;
+  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("jobs")), "0");
+
+  // Still accepted: SQL NULL args (stored as {}), the last microsecond the SDK holds, and any past
+  // time, '-infinity' included, which means now.
+  const auto null_args = enqueue("k", ", NULL");
+  EXPECT_EQ(db_.scalar("SELECT args::text FROM " + s("jobs") + " WHERE id = $1", {null_args}), "{}");
+  const auto last = enqueue("k", ", '{}', 'default', 2, '2262-04-11 23:47:16.854775+00'");
+  EXPECT_EQ(state_of(last), "scheduled");
+  const auto past = enqueue("k", ", '{}', 'default', 2, '-infinity'");
+  EXPECT_EQ(state_of(past), "available");
+  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("enqueue_batch") +
+                       "(ARRAY['a'], ARRAY[NULL]::jsonb[], ARRAY['q'], ARRAY[2], "
+                       "ARRAY['2262-04-11 23:47:16.854775+00']::timestamptz[])"),
+            "1");
+}
+
 TEST_F(sql_contract, claim_advances_run_lease_and_attempt_and_returns_a_token) {
   const auto id = enqueue("k", ", '{\"n\":1}'");
   auto c1 = claim(1);

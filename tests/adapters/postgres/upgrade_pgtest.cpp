@@ -167,4 +167,156 @@ TEST(schema_install, public_and_names_reserved_by_postgresql_are_refused) {
   EXPECT_EQ(db.scalar("SELECT count(*) FROM pg_namespace WHERE nspname = 'pg_tenure'"), "0");
 }
 
+// ---- who controls the schema -------------------------------------------------------------------
+// tenure's SECURITY DEFINER functions run with the migrating role's rights (a superuser's, often),
+// and call one another. Whoever can replace one of them, or add objects beside them, can act with
+// those rights, so migrate refuses a schema that another role controls.
+
+/// A login role for one test and the schema it is handed, both dropped however the test ends.
+struct other_role {
+  std::string dsn, name, schema;
+  pg admin{dsn};
+  other_role(std::string d, const std::string& prefix)
+      : dsn(std::move(d)), name(prefix + "_" + tenure::test::random_suffix()), schema(name + "_q") {
+    admin.exec("CREATE ROLE " + name + " LOGIN");
+  }
+  ~other_role() {
+    admin.query("DROP SCHEMA IF EXISTS " + schema + " CASCADE");
+    admin.query("DROP OWNED BY " + name + " CASCADE");
+    admin.query("DROP ROLE IF EXISTS " + name);
+  }
+  bool is_superuser() { return admin.scalar("SELECT rolsuper FROM pg_roles WHERE rolname = $1", {name}) == "t"; }
+};
+
+/// The attack: the owner of the schema drops check_job, which enqueue (SECURITY DEFINER) calls on
+/// bad input, and puts a function of its own in its place; the next bad enqueue, by anyone allowed
+/// to enqueue, runs it with the rights of enqueue's owner.
+void replace_check_job_and_wait_for_an_enqueue(other_role& attacker) {
+  pg as_attacker{tenure::test::dsn_with_user(attacker.dsn, attacker.name)};
+  as_attacker.query("DROP FUNCTION " + attacker.schema + ".check_job(text, text, int, int, text)");
+  as_attacker.query("CREATE FUNCTION " + attacker.schema +
+                    ".check_job(kind text, queue text, priority int, max_attempts int, what text DEFAULT 'job') "
+                    "RETURNS void LANGUAGE plpgsql AS $$BEGIN EXECUTE 'ALTER ROLE " + attacker.name +
+                    " SUPERUSER'; END$$");
+  attacker.admin.query("SELECT " + attacker.schema + ".enqueue('')");
+}
+
+TEST(schema_control, a_schema_owned_by_another_role_is_refused_so_its_owner_cannot_become_superuser) {
+  other_role attacker{tenure::test::test_dsn(), "sch_owner"};
+  attacker.admin.exec("CREATE SCHEMA " + attacker.schema + " AUTHORIZATION " + attacker.name);
+  std::string why;
+  auto m = tenure::postgres::migrate(attacker.dsn, attacker.schema, &why);
+  EXPECT_FALSE(m);
+  if (!m) {
+    EXPECT_EQ(m.error(), tenure::errc::invalid_argument);
+  }
+  EXPECT_NE(why.find("schema '" + attacker.schema + "' is owned by role '" + attacker.name + "', not by '"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("a schema's owner may drop and replace any of them"), std::string::npos) << why;
+  EXPECT_NE(why.find("ALTER SCHEMA " + attacker.schema + " OWNER TO"), std::string::npos) << why;
+  EXPECT_EQ(attacker.admin.scalar("SELECT to_regclass('" + attacker.schema + ".schema_version') IS NULL"), "t");
+
+  replace_check_job_and_wait_for_an_enqueue(attacker);
+  EXPECT_FALSE(attacker.is_superuser()) << "the schema's owner ran code with the migrating role's rights";
+
+  // The fix the message names makes the schema installable (once the attacker's function is gone).
+  attacker.admin.exec("DROP FUNCTION IF EXISTS " + attacker.schema + ".check_job(text, text, int, int, text)");
+  attacker.admin.exec("ALTER SCHEMA " + attacker.schema + " OWNER TO current_user");
+  auto fixed = tenure::postgres::migrate(attacker.dsn, attacker.schema, &why);
+  EXPECT_TRUE(fixed) << why;
+}
+
+TEST(schema_control, a_schema_on_which_another_role_or_public_holds_create_is_refused) {
+  other_role creator{tenure::test::test_dsn(), "sch_create"};
+  creator.admin.exec("CREATE SCHEMA " + creator.schema);
+  for (const std::string& grantee : {creator.name, std::string{"PUBLIC"}}) {
+    SCOPED_TRACE(grantee);
+    creator.admin.exec("GRANT CREATE ON SCHEMA " + creator.schema + " TO " + grantee);
+    std::string why;
+    auto m = tenure::postgres::migrate(creator.dsn, creator.schema, &why);
+    EXPECT_FALSE(m);
+    EXPECT_NE(why.find(grantee == "PUBLIC" ? "every role (CREATE is granted to PUBLIC)" : "role(s) " + creator.name),
+              std::string::npos)
+        << why;
+    EXPECT_NE(why.find("may create objects in schema '" + creator.schema + "' (CREATE on the schema)"),
+              std::string::npos)
+        << why;
+    EXPECT_NE(why.find("REVOKE CREATE ON SCHEMA " + creator.schema), std::string::npos) << why;
+    EXPECT_EQ(creator.admin.scalar("SELECT to_regclass('" + creator.schema + ".schema_version') IS NULL"), "t");
+    creator.admin.exec("REVOKE CREATE ON SCHEMA " + creator.schema + " FROM " + grantee);
+  }
+  // Through a group role as well.
+  const std::string group = creator.name + "_grp";
+  creator.admin.exec("CREATE ROLE " + group);
+  creator.admin.exec("GRANT " + group + " TO " + creator.name);
+  creator.admin.exec("GRANT CREATE ON SCHEMA " + creator.schema + " TO " + group);
+  std::string why;
+  EXPECT_FALSE(tenure::postgres::migrate(creator.dsn, creator.schema, &why));
+  EXPECT_NE(why.find(creator.name), std::string::npos) << why;
+  creator.admin.exec("REVOKE CREATE ON SCHEMA " + creator.schema + " FROM " + group);
+  creator.admin.exec("DROP ROLE " + group);
+  auto m = tenure::postgres::migrate(creator.dsn, creator.schema, &why);
+  EXPECT_TRUE(m) << why;
+}
+
+TEST(schema_control, an_upgrade_is_refused_once_another_role_may_create_in_the_schema_or_owns_an_object_in_it) {
+  ASSERT_GE(tenure::postgres::known_schema_version(), 2);
+  const int older = tenure::postgres::known_schema_version() - 1;
+  other_role other{tenure::test::test_dsn(), "sch_upg"};
+  std::string why;
+  ASSERT_TRUE(tenure::postgres::detail::migrate_up_to(other.dsn, other.schema, older, &why)) << why;
+  const auto version = [&] { return other.admin.scalar("SELECT max(version) FROM " + other.schema + ".schema_version"); };
+
+  other.admin.exec("GRANT CREATE ON SCHEMA " + other.schema + " TO " + other.name);
+  auto m = tenure::postgres::migrate(other.dsn, other.schema, &why);
+  EXPECT_FALSE(m);
+  EXPECT_NE(why.find("may create objects in schema"), std::string::npos) << why;
+  EXPECT_EQ(version(), std::to_string(older));
+  EXPECT_FALSE(tenure::postgres::check_schema_control(other.dsn, other.schema)) << "the same check, on its own";
+  other.admin.exec("REVOKE CREATE ON SCHEMA " + other.schema + " FROM " + other.name);
+
+  // The owner of a function may replace its body; the owner of a table may add triggers to it.
+  for (const std::string& object : {"FUNCTION " + other.schema + ".check_job(text, text, int, int, text)",
+                                   "TABLE " + other.schema + ".ready"}) {
+    SCOPED_TRACE(object);
+    other.admin.exec("ALTER " + object + " OWNER TO " + other.name);
+    m = tenure::postgres::migrate(other.dsn, other.schema, &why);
+    EXPECT_FALSE(m);
+    EXPECT_NE(why.find("are owned by other roles"), std::string::npos) << why;
+    EXPECT_NE(why.find("owned by " + other.name), std::string::npos) << why;
+    EXPECT_EQ(version(), std::to_string(older));
+    other.admin.exec("ALTER " + object + " OWNER TO current_user");
+  }
+
+  other.admin.exec("GRANT TRIGGER ON " + other.schema + ".done TO " + other.name);
+  m = tenure::postgres::migrate(other.dsn, other.schema, &why);
+  EXPECT_FALSE(m);
+  EXPECT_NE(why.find("hold TRIGGER on tenure's tables"), std::string::npos) << why;
+  other.admin.exec("REVOKE TRIGGER ON " + other.schema + ".done FROM " + other.name);
+
+  EXPECT_TRUE(tenure::postgres::check_schema_control(other.dsn, other.schema, &why)) << why;
+  m = tenure::postgres::migrate(other.dsn, other.schema, &why);
+  ASSERT_TRUE(m) << why;
+  EXPECT_EQ(m.value(), older);
+  EXPECT_EQ(version(), std::to_string(tenure::postgres::known_schema_version()));
+}
+
+TEST(schema_control, a_role_that_owns_its_schema_installs_into_it_and_members_of_that_role_are_trusted_as_it) {
+  other_role owner{tenure::test::test_dsn(), "sch_self"};
+  owner.admin.exec("CREATE SCHEMA " + owner.schema + " AUTHORIZATION " + owner.name);
+  // migrate says CREATE SCHEMA IF NOT EXISTS, which asks for CREATE on the database.
+  owner.admin.exec("DO $$BEGIN EXECUTE format('GRANT CREATE ON DATABASE %I TO " + owner.name +
+                   "', current_database()); END$$");
+  // A member of the owner can act as the owner already: it is not a reason to refuse.
+  const std::string member = owner.name + "_member";
+  owner.admin.exec("CREATE ROLE " + member);
+  owner.admin.exec("GRANT " + owner.name + " TO " + member);
+  std::string why;
+  auto m = tenure::postgres::migrate(tenure::test::dsn_with_user(owner.dsn, owner.name), owner.schema, &why);
+  EXPECT_TRUE(m) << why;
+  owner.admin.query("DROP SCHEMA IF EXISTS " + owner.schema + " CASCADE");
+  owner.admin.exec("DROP ROLE " + member);
+}
+
 }  // namespace
