@@ -10,13 +10,13 @@
 namespace {
 
 void token_parse(benchmark::State& state) {
-  const std::string text = tenure::finalization_token{{123456789, 42}}.to_string();
+  const std::string text = tenure::finalization_token{{123456789, 42}, {}}.to_string();
   for (auto _ : state) benchmark::DoNotOptimize(tenure::finalization_token::parse(text));
 }
 BENCHMARK(token_parse);
 
 void token_to_string(benchmark::State& state) {
-  const tenure::finalization_token t{{123456789, 42}};
+  const tenure::finalization_token t{{123456789, 42}, {}};
   for (auto _ : state) benchmark::DoNotOptimize(t.to_string());
 }
 BENCHMARK(token_to_string);

@@ -28,7 +28,7 @@ struct statements {
                           ".enqueue_batch($1::text[], $2::jsonb[], $3::text[], $4::int[], "
                           "$5::timestamptz[], $6::int[]) ORDER BY ord"},
         claim{"tenure_claim", "SELECT job_id, run_lease, kind, args::text, attempt, max_attempts, " +
-                                  epoch_us("deadline_at") + " FROM " + s +
+                                  epoch_us("deadline_at") + ", encode(uuid_send(secret), 'hex') FROM " + s +
                                   ".claim_attempts($1, $2::int, $3, $4)"},
         heartbeat{"tenure_heartbeat", "SELECT job_id, run_lease FROM " + s +
                                           ".heartbeat_batch($1::bigint[], $2::bigint[], $3::jsonb[])"},
@@ -272,6 +272,15 @@ result<std::vector<claimed_attempt>> store::claim(std::string_view queue, int ma
     a.attempt_number = static_cast<int>(rows.int64(i, 4));
     a.max_attempts = static_cast<int>(rows.int64(i, 5));
     if (!rows.is_null(i, 6)) a.deadline = detail::from_epoch_us(rows.int64(i, 6));
+    // The attempt's secret, drawn by the server in the claim itself (no extra round trip).
+    auto secret = rows.is_null(i, 7) ? result<attempt_secret>{errc::protocol_error}
+                                     : attempt_secret::parse(rows.text(i, 7));
+    if (!secret) {
+      spdlog::error("tenure: claim: job {} lease {} came back without a valid attempt secret", a.attempt.job_id,
+                    a.attempt.run_lease);
+      return errc::protocol_error;
+    }
+    a.secret = secret.value();
     out.push_back(std::move(a));
   }
   return out;

@@ -28,6 +28,7 @@ struct store_state {
   soci::session session;
   const sdk::clock_port& clock;
   std::mt19937_64 rng;  ///< backoff jitter
+  std::random_device secrets;  ///< attempt secrets: the OS's random source, never the seeded rng
 };
 
 }  // namespace detail
@@ -39,7 +40,7 @@ using detail::store_state;
 template <class T>
 using opt = boost::optional<T>;  // SOCI 4.0 binds boost::optional as a nullable value
 
-constexpr int k_schema_version = 1;
+constexpr int k_schema_version = 2;  // 2: receipts.secret
 constexpr int k_max_claim = 10000;           // tenure.claim's bound
 constexpr long long k_claim_promote_batch = 1000;  // what tenure.claim_attempts promotes
 constexpr long long k_promote_batch = 10000;        // what the port's promote_due moves
@@ -78,7 +79,9 @@ const std::vector<std::string>& schema_statements() {
       " kind TEXT NOT NULL, args TEXT NOT NULL, priority INTEGER NOT NULL,"
       " attempt INTEGER NOT NULL, max_attempts INTEGER NOT NULL, run_at INTEGER NOT NULL,"
       " created_at INTEGER NOT NULL, claimed_at INTEGER NOT NULL, deadline_at INTEGER,"
-      " worker TEXT, last_error TEXT, progress TEXT, PRIMARY KEY (job_id, run_lease))",
+      " worker TEXT, last_error TEXT, progress TEXT,"
+      " secret TEXT NOT NULL,"  // the attempt's secret, 32 hex digits
+      " PRIMARY KEY (job_id, run_lease))",
       // No foreign key, as in the SQL; this fake deletes an attempt's row when it closes.
       "CREATE TABLE attempt_state ("
       " job_id INTEGER NOT NULL, run_lease INTEGER NOT NULL, heartbeat_at INTEGER NOT NULL,"
@@ -411,6 +414,19 @@ queue_policy policy_of(soci::session& s, const std::string& queue) {
 }
 
 /// tenure.backoff: equal jitter, d/2 + rand * d/2 with d = min(cap, base * 2^(attempt - 1)).
+/// A fresh attempt secret shaped as PostgreSQL's gen_random_uuid() makes it: a version-4 UUID,
+/// 122 random bits, so it is never all zero.
+attempt_secret draw_secret(std::random_device& source) {
+  attempt_secret::bytes_type b{};
+  for (std::size_t i = 0; i < b.size(); i += 4) {
+    const std::uint32_t word = source();
+    for (std::size_t j = 0; j < 4; ++j) b[i + j] = static_cast<std::uint8_t>(word >> (8 * j));
+  }
+  b[6] = static_cast<std::uint8_t>((b[6] & 0x0f) | 0x40);  // version 4
+  b[8] = static_cast<std::uint8_t>((b[8] & 0x3f) | 0x80);  // RFC 4122 variant
+  return attempt_secret{b};
+}
+
 std::int64_t backoff_us(const queue_policy& p, int attempt, std::mt19937_64& rng) {
   const int shift = std::min(std::max(attempt, 1) - 1, 40);
   const std::int64_t d =
@@ -621,18 +637,21 @@ result<std::vector<claimed_attempt>> store::claim(std::string_view queue, int ma
       r->run_lease += 1;
       r->attempt += 1;
       const opt<std::string> last_error = to_boost(r->last_error), progress = to_boost(r->progress);
+      const attempt_secret secret = draw_secret(state_->secrets);
+      const std::string secret_text = secret.to_string();
       s << "INSERT INTO receipts (job_id, run_lease, queue, kind, args, priority, attempt,"
            " max_attempts, run_at, created_at, claimed_at, deadline_at, worker, last_error,"
-           " progress) VALUES (:id, :run_lease, :queue, :kind, :args, :priority, :attempt,"
+           " progress, secret) VALUES (:id, :run_lease, :queue, :kind, :args, :priority, :attempt,"
            " :max_attempts, :run_at, :created_at, :now, :deadline, :worker, :last_error,"
-           " :progress)",
+           " :progress, :secret)",
           soci::use(r->id, "id"), soci::use(r->run_lease, "run_lease"),
           soci::use(r->queue, "queue"), soci::use(r->kind, "kind"), soci::use(r->args, "args"),
           soci::use(r->priority, "priority"), soci::use(r->attempt, "attempt"),
           soci::use(r->max_attempts, "max_attempts"), soci::use(r->run_at, "run_at"),
           soci::use(r->created_at, "created_at"), soci::use(now, "now"),
           soci::use(deadline, "deadline"), soci::use(worker_name, "worker"),
-          soci::use(last_error, "last_error"), soci::use(progress, "progress");
+          soci::use(last_error, "last_error"), soci::use(progress, "progress"),
+          soci::use(secret_text, "secret");
       claimed.push_back(claimed_attempt{
           .attempt = {r->id, r->run_lease},
           .queue = r->queue,
@@ -641,6 +660,7 @@ result<std::vector<claimed_attempt>> store::claim(std::string_view queue, int ma
           .attempt_number = r->attempt,
           .max_attempts = r->max_attempts,
           .deadline = deadline ? std::optional<time_point>(from_us(*deadline)) : std::nullopt,
+          .secret = secret,
       });
     }
     return result<out_t>(std::move(claimed));

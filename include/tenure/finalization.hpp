@@ -36,15 +36,16 @@ struct receipt_access;  // defined by the bridges only: handlers cannot make a r
 /// committed; the runtime checks that against durable evidence.
 class finalization_receipt {
  public:
-  const attempt_id& attempt() const noexcept { return attempt_; }
-  finalization_token token() const noexcept { return finalization_token{attempt_}; }
+  const attempt_id& attempt() const noexcept { return token_.attempt(); }
+  /// The token `complete_job` accepted (with its secret).
+  const finalization_token& token() const noexcept { return token_; }
   /// `completed_at` as the server recorded it (its transaction's start time).
   time_point completed_at() const noexcept { return completed_at_; }
 
  private:
   friend struct detail::receipt_access;
-  finalization_receipt(attempt_id a, time_point at) noexcept : attempt_(a), completed_at_(at) {}
-  attempt_id attempt_;
+  finalization_receipt(const finalization_token& t, time_point at) noexcept : token_(t), completed_at_(at) {}
+  finalization_token token_;
   time_point completed_at_;
 };
 

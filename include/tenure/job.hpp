@@ -73,7 +73,8 @@ struct claimed_attempt {
   int attempt_number = 0;  ///< executions so far, this one included (retry budget only)
   int max_attempts = 0;
   std::optional<time_point> deadline;  ///< hard deadline of this attempt, if the queue has one
-  finalization_token token() const noexcept { return finalization_token{attempt}; }
+  attempt_secret secret;  ///< drawn by the store at claim time; what makes the token unguessable
+  finalization_token token() const noexcept { return finalization_token{attempt, secret}; }
 };
 
 /// Everything known about one job, whatever table holds it.

@@ -349,7 +349,31 @@ TEST_P(storage_contract, claimed_attempt_carries_the_job) {
   EXPECT_EQ(c.attempt_number, 1);
   EXPECT_EQ(c.max_attempts, 4);
   EXPECT_FALSE(c.deadline);  // the queue has no hard deadline
-  EXPECT_EQ(c.token().to_string(), "tn1:" + std::to_string(id) + ":1");
+  EXPECT_EQ(c.token(), (finalization_token{{id, 1}, c.secret}));
+  EXPECT_THAT(c.token().to_string(), StartsWith("tn2:" + std::to_string(id) + ":1:"));
+  EXPECT_EQ(must(finalization_token::parse(c.token().to_string())), c.token());
+}
+
+// The secret is what makes a token unguessable: the store draws a fresh one for every attempt,
+// never zero, never shared between attempts of one job or between jobs.
+TEST_P(storage_contract, every_claim_draws_its_own_attempt_secret) {
+  const auto a = add(make_job()), b = add(make_job());
+  std::vector<claimed_attempt> attempts = claim("default", 2);
+  ASSERT_THAT(attempts, SizeIs(2));
+  must(db().snooze(attempts[0].attempt, 0us));  // job a again: a second attempt of the same job
+  ASSERT_EQ(must(db().fail(attempts[1].attempt, "x", fail_disposition::retry, 0us)), job_state::retryable);
+  for (const auto& c : claim("default", 2)) attempts.push_back(c);
+  ASSERT_THAT(attempts, SizeIs(4));
+  std::set<std::string> secrets;
+  for (const auto& c : attempts) {
+    EXPECT_TRUE(c.attempt.job_id == a || c.attempt.job_id == b);
+    EXPECT_NE(c.secret, attempt_secret{}) << "job " << c.attempt.job_id << " lease " << c.attempt.run_lease;
+    // A version-4 UUID, as gen_random_uuid() draws it: the rest of its 128 bits are random.
+    EXPECT_EQ(c.secret.bytes()[6] >> 4, 4);
+    EXPECT_EQ(c.secret.bytes()[8] >> 6, 2);
+    secrets.insert(c.secret.to_string());
+  }
+  EXPECT_EQ(secrets.size(), attempts.size()) << "a secret was drawn twice";
 }
 
 // ---- heartbeat ------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ inline result<finalization_receipt> receipt_from(const finalization_token& token
                                                  std::int64_t run_lease, std::int64_t completed_us) {
   if (job_id != token.job_id() || run_lease != token.run_lease()) return errc::protocol_error;
   const time_point at{std::chrono::duration_cast<clock_type::duration>(std::chrono::microseconds{completed_us})};
-  return detail::receipt_access::make(token.attempt(), at);
+  return detail::receipt_access::make(token, at);
 }
 
 /// Logs why complete_job failed and returns the error: a stale attempt at info (expected), the

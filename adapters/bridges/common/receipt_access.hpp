@@ -7,8 +7,8 @@
 namespace tenure::detail {
 
 struct receipt_access {
-  static finalization_receipt make(attempt_id a, time_point completed_at) noexcept {
-    return finalization_receipt{a, completed_at};
+  static finalization_receipt make(const finalization_token& token, time_point completed_at) noexcept {
+    return finalization_receipt{token, completed_at};
   }
 };
 

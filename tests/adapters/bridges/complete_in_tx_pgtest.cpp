@@ -215,6 +215,7 @@ TEST_P(complete_in_tx, commit_makes_the_business_row_and_the_completion_exist_to
   auto receipt = tx->complete(c.token(), opts_);
   ASSERT_TRUE(receipt) << receipt.error().message();
   EXPECT_EQ(receipt.value().attempt(), c.attempt);
+  EXPECT_EQ(receipt.value().token(), c.token()) << "the receipt names the token that completed it, secret included";
   EXPECT_GT(receipt.value().completed_at().time_since_epoch().count(), 0);
   EXPECT_EQ(job(c.attempt.job_id), "running 1") << "invisible to others before the caller commits";
   ASSERT_TRUE(tx->commit());
@@ -284,6 +285,30 @@ TEST_P(complete_in_tx, stale_after_rescue_aborts_the_callers_business_writes) {
   EXPECT_EQ(late.error(), errc::stale_attempt);
   tx2->rollback();
   EXPECT_EQ(job(c.attempt.job_id), "running 2");
+}
+
+// The bridge sends the secret the claim drew: the same attempt with any other secret finalizes
+// nothing, and the caller's business write goes down with it.
+TEST_P(complete_in_tx, a_token_without_the_attempts_secret_is_stale_and_rolls_back_the_business_write) {
+  const auto c = claim_one();
+  for (const auto& forged : {finalization_token{c.attempt, {}},
+                             finalization_token{c.attempt, claim_one().secret}}) {
+    auto tx = open_tx();
+    tx->begin();
+    tx->exec(insert_order(c));
+    auto r = tx->complete(forged, opts_);
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error(), errc::stale_attempt);
+    EXPECT_FALSE(tx->commit());
+    EXPECT_EQ(orders(), 0);
+    EXPECT_EQ(job(c.attempt.job_id), "running 1");
+  }
+  auto tx = open_tx();
+  tx->begin();
+  tx->exec(insert_order(c));
+  ASSERT_TRUE(tx->complete(c.token(), opts_));
+  ASSERT_TRUE(tx->commit());
+  EXPECT_EQ(job(c.attempt.job_id), "completed 1");
 }
 
 TEST_P(complete_in_tx, stale_after_cancel_aborts_the_callers_business_writes) {
@@ -406,14 +431,14 @@ TEST_P(complete_in_tx, final_progress_is_stored_with_the_completion) {
 TEST_P(complete_in_tx, unknown_job_token_is_stale_and_a_bad_schema_is_refused_before_sending) {
   auto tx = open_tx();
   tx->begin();
-  auto r = tx->complete(finalization_token{{.job_id = 987654, .run_lease = 1}}, opts_);
+  auto r = tx->complete(finalization_token{{.job_id = 987654, .run_lease = 1}, {}}, opts_);
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error(), errc::stale_attempt);
   tx->rollback();
   tx->begin();
   auto bad = opts_;
   bad.schema = "x; DROP TABLE y";
-  auto refused = tx->complete(finalization_token{{.job_id = 1, .run_lease = 1}}, bad);
+  auto refused = tx->complete(finalization_token{{.job_id = 1, .run_lease = 1}, {}}, bad);
   ASSERT_FALSE(refused);
   EXPECT_EQ(refused.error(), errc::invalid_argument);
   tx->exec("SELECT 1");  // nothing was sent: the transaction is still usable
@@ -434,7 +459,7 @@ INSTANTIATE_TEST_SUITE_P(bridges, complete_in_tx, ::testing::Values(bridge::libp
 TEST(complete_in_tx_guard, libpq_refuses_a_connection_outside_begin) {
   scoped_schema schema{"cit"};
   pg db{schema.dsn()};
-  auto r = tenure::complete_in_tx(db.native(), finalization_token{{.job_id = 1, .run_lease = 1}},
+  auto r = tenure::complete_in_tx(db.native(), finalization_token{{.job_id = 1, .run_lease = 1}, {}},
                                   {.schema = schema.name()});
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error(), errc::protocol_error);
@@ -465,7 +490,7 @@ TEST(complete_in_tx_guard, pqxx_refuses_a_nontransaction) {
 TEST(complete_in_tx_guard, soci_refuses_a_session_outside_a_transaction) {
   scoped_schema schema{"cit"};
   soci::session session(soci::postgresql, tenure::test::keyword_dsn(schema.dsn()));
-  auto r = tenure::complete_in_tx(session, finalization_token{{.job_id = 1, .run_lease = 1}}, {.schema = schema.name()});
+  auto r = tenure::complete_in_tx(session, finalization_token{{.job_id = 1, .run_lease = 1}, {}}, {.schema = schema.name()});
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error(), errc::protocol_error);
 }
@@ -475,7 +500,7 @@ TEST(complete_in_tx_guard, libpq_refuses_an_aborted_transaction) {
   pg db{schema.dsn()};
   db.exec("BEGIN");
   db.query("SELECT 1/0");
-  auto r = tenure::complete_in_tx(db.native(), finalization_token{{.job_id = 1, .run_lease = 1}},
+  auto r = tenure::complete_in_tx(db.native(), finalization_token{{.job_id = 1, .run_lease = 1}, {}},
                                   {.schema = schema.name()});
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error(), errc::protocol_error);

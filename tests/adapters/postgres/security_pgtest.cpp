@@ -2,6 +2,10 @@
 // SECURITY DEFINER functions cannot be steered by a caller's search_path.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <regex>
+#include <set>
+
 #include "support/pg.hpp"
 #include "tenure/postgres/schema.hpp"
 
@@ -81,10 +85,16 @@ TEST_F(security, finalizer_can_complete_a_token_in_its_own_transaction_and_nothi
   EXPECT_EQ(as_role.query("SELECT " + s("enqueue") + "('k')").sqlstate, "42501");
   EXPECT_EQ(as_role.query("SELECT * FROM " + s("claim") + "('default')").sqlstate, "42501");
   EXPECT_EQ(as_role.query("SELECT " + s("cancel_job") + "(1)").sqlstate, "42501");
-  EXPECT_EQ(as_role.query("SELECT " + s("parse_token") + "('tn1:1:1')").sqlstate, "42501");
+  EXPECT_EQ(as_role.query("SELECT " + s("parse_token") + "('tn2:1:1:00112233445566778899aabbccddeeff')").sqlstate,
+            "42501");
+  EXPECT_EQ(as_role.query("SELECT * FROM " + s("token_attempt") + "($1)", {token}).sqlstate, "42501");
+  EXPECT_EQ(as_role.query("SELECT " + s("secret_matches") + "(gen_random_uuid(), gen_random_uuid())").sqlstate,
+            "42501");
 
   // A malformed or stale token is still refused despite the shadowing.
-  EXPECT_EQ(as_role.query("SELECT * FROM " + s("complete_job") + "('tn1:1:999')").sqlstate, "TN001");
+  EXPECT_EQ(as_role.query("SELECT * FROM " + s("complete_job") + "('tn2:1:999:00112233445566778899aabbccddeeff')")
+                .sqlstate,
+            "TN001");
   EXPECT_EQ(as_role.query("SELECT * FROM " + s("complete_job") + "('garbage')").sqlstate, "TN002");
 
   as_role.exec("BEGIN");
@@ -98,6 +108,67 @@ TEST_F(security, finalizer_can_complete_a_token_in_its_own_transaction_and_nothi
                           " WHERE id = $1", {done.at(0, 0)}),
             "t")
       << "the shadow now() was not used";
+}
+
+// The attack on guessable tokens: a role granted only grant-finalizer loops over (job, lease)
+// pairs, in the old form and in the new one with secrets of its own making, completing whatever
+// answers with progress of its choosing, or rolling back to learn which jobs are running. It
+// completes nothing and learns nothing: every probe of a running attempt is answered exactly as
+// a probe of a finished or unknown one. The token the claim handed out still completes the job.
+TEST_F(security, a_finalizer_cannot_complete_or_detect_running_jobs_by_enumerating_attempts) {
+  grant(tenure::postgres::grant_kind::finalizer);
+  for (int i = 0; i < 3; ++i) admin_.exec("SELECT " + s("enqueue") + "('k')");
+  auto claimed = admin_.exec("SELECT job_id, run_lease, token FROM " + s("claim") + "('default', 3)");
+  ASSERT_EQ(claimed.rows.size(), 3u);
+  // Job 3 finishes; jobs 1 and 2 stay running.
+  admin_.exec("SELECT * FROM " + s("complete_job") + "($1)", {claimed.at(2, 2)});
+  const std::string running[] = {claimed.at(0, 0), claimed.at(1, 0)};
+  const std::string finished = claimed.at(2, 0);
+  const std::string& token_2 = claimed.at(1, 2);
+  const std::string secret_of_job_2 = token_2.size() > 32 ? token_2.substr(token_2.size() - 32) : std::string(32, 'f');
+
+  pg as_role{tenure::test::dsn_with_user(schema_.dsn(), role_)};
+  const std::regex numbers{"[0-9]+"};
+  std::map<std::string, std::set<std::string>> answers;  // form -> normalized answers
+  int probes = 0;
+  for (long long job = 1; job <= std::stoll(finished) + 2; ++job) {
+    for (int lease = 1; lease <= 3; ++lease) {
+      const std::string pair = std::to_string(job) + ":" + std::to_string(lease);
+      const std::map<std::string, std::string> forms = {
+          {"tn1", "tn1:" + pair},
+          {"tn2 zero secret", "tn2:" + pair + ":" + std::string(32, '0')},
+          {"tn2 made-up secret", "tn2:" + pair + ":0123456789abcdef0123456789abcdef"},
+          {"tn2 another attempt's secret", "tn2:" + pair + ":" + secret_of_job_2},
+      };
+      for (const auto& [form, token] : forms) {
+        if (token == claimed.at(1, 2)) continue;  // job 2's own token: not a guess
+        for (const bool commit : {false, true}) {
+          as_role.exec("BEGIN");
+          auto r = as_role.query("SELECT job_id FROM " + s("complete_job") + "($1, '{\"owned\": true}')", {token});
+          as_role.query(commit ? "COMMIT" : "ROLLBACK");
+          ++probes;
+          EXPECT_FALSE(r.ok) << token << " completed job " << (r.ok && !r.rows.empty() ? r.at(0, 0) : "?");
+          EXPECT_EQ(r.sqlstate, form == "tn1" ? "TN002" : "TN001") << token << ": " << r.error;
+          answers[form].insert(r.sqlstate + " " + std::regex_replace(r.error, numbers, "N"));
+        }
+      }
+    }
+  }
+  EXPECT_GT(probes, 50);
+  for (const auto& [form, seen] : answers) {
+    EXPECT_EQ(seen.size(), 1u) << form << ": running and finished attempts were answered differently";
+  }
+  for (const auto& id : running) {
+    EXPECT_EQ(admin_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {id}), "running") << id;
+    EXPECT_EQ(admin_.scalar("SELECT progress IS NULL FROM " + s("jobs") + " WHERE id = $1", {id}), "t") << id;
+  }
+
+  // The token the claim handed out is the one that works.
+  auto done = as_role.query("SELECT job_id FROM " + s("complete_job") + "($1)", {claimed.at(0, 2)});
+  ASSERT_TRUE(done.ok) << done.error;
+  EXPECT_EQ(done.at(0, 0), running[0]);
+  EXPECT_EQ(admin_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {running[0]}), "completed");
+  EXPECT_EQ(admin_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {running[1]}), "running");
 }
 
 TEST_F(security, producer_can_enqueue_but_not_claim_or_read) {

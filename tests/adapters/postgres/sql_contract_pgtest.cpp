@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <random>
+#include <regex>
 #include <set>
 #include <thread>
 
@@ -38,7 +39,17 @@ class sql_contract : public ::testing::Test {
   std::string state_of(const std::string& id) {
     return db_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {id});
   }
+  /// The token's secret (its last 32 characters).
+  static std::string secret_of(const std::string& token) { return token.substr(token.size() - 32); }
+  /// The same attempt with another secret: one bit of its last hex digit flipped.
+  static std::string with_wrong_secret(std::string token) {
+    char& last = token.back();
+    last = last == '0' ? '1' : '0';
+    return token;
+  }
 };
+
+const std::regex k_token_v2{"tn2:[1-9][0-9]*:[1-9][0-9]*:[0-9a-f]{32}"};
 
 TEST_F(sql_contract, migrate_twice_is_a_noop) {
   std::string why;
@@ -139,7 +150,8 @@ TEST_F(sql_contract, claim_advances_run_lease_and_attempt_and_returns_a_token) {
   EXPECT_EQ(c1[0].job_id, id);
   EXPECT_EQ(c1[0].run_lease, "1");
   EXPECT_EQ(c1[0].attempt, "1");
-  EXPECT_EQ(c1[0].token, "tn1:" + id + ":1");
+  EXPECT_TRUE(std::regex_match(c1[0].token, k_token_v2)) << c1[0].token;
+  EXPECT_TRUE(c1[0].token.starts_with("tn2:" + id + ":1:")) << c1[0].token;
   EXPECT_EQ(state_of(id), "running");
   db_.exec("SELECT " + s("fail_job") + "($1, 'boom', true)", {c1[0].token});
   db_.exec("UPDATE " + s("deferred") + " SET run_at = now() - interval '1 second'");
@@ -182,6 +194,76 @@ TEST_F(sql_contract, complete_job_returns_evidence_and_is_stale_the_second_time)
   EXPECT_EQ(again.sqlstate, "TN001") << again.error;
 }
 
+// (job_id, run_lease) is guessable; the secret is not. A token with the right attempt and a wrong
+// secret is answered by every token function exactly as a stale one, and changes nothing.
+TEST_F(sql_contract, a_token_with_a_wrong_secret_is_answered_as_stale_and_changes_nothing) {
+  const auto id = enqueue("k");
+  const auto c = claim(1).at(0);
+  const auto forged = with_wrong_secret(c.token);
+  ASSERT_NE(forged, c.token);
+  const auto wrong = db_.query("SELECT * FROM " + s("complete_job") + "($1, '{\"forged\":true}')", {forged});
+  EXPECT_EQ(wrong.sqlstate, "TN001") << wrong.error;
+  EXPECT_EQ(db_.query("SELECT " + s("fail_job") + "($1, 'forged', false)", {forged}).sqlstate, "TN001");
+  EXPECT_EQ(db_.scalar("SELECT " + s("heartbeat") + "($1)", {forged}), "f");
+  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("attempt_state")), "0") << "the forged heartbeat wrote nothing";
+  EXPECT_EQ(state_of(id), "running");
+
+  // The same words as for an attempt that is really stale (another job's, already finished).
+  const auto other = enqueue("k");
+  const auto finished = claim(1).at(0);
+  db_.exec("SELECT * FROM " + s("complete_job") + "($1)", {finished.token});
+  const auto stale = db_.query("SELECT * FROM " + s("complete_job") + "($1, '{\"forged\":true}')", {finished.token});
+  EXPECT_EQ(stale.sqlstate, "TN001");
+  const std::regex numbers{"[0-9]+"};
+  EXPECT_EQ(std::regex_replace(wrong.error, numbers, "N"), std::regex_replace(stale.error, numbers, "N"));
+
+  // The right token still completes it.
+  auto done = db_.exec("SELECT job_id, run_lease FROM " + s("complete_job") + "($1)", {c.token});
+  ASSERT_EQ(done.rows.size(), 1u);
+  EXPECT_EQ(state_of(id), "completed");
+  EXPECT_EQ(state_of(other), "completed");
+  EXPECT_EQ(db_.scalar("SELECT progress IS NULL FROM " + s("jobs") + " WHERE id = $1", {id}), "t");
+}
+
+TEST_F(sql_contract, version_1_tokens_are_refused_with_tn002_and_a_hint_naming_tn2) {
+  const auto id = enqueue("k");
+  claim(1);
+  for (const auto& fn : {"complete_job($1)", "fail_job($1, 'x')", "heartbeat($1)"}) {
+    auto r = db_.query("SELECT * FROM " + s(fn), {"tn1:" + id + ":1"});
+    EXPECT_EQ(r.sqlstate, "TN002") << fn << ": " << r.error;
+    EXPECT_NE(r.error.find("version tn1 is no longer accepted"), std::string::npos) << r.error;
+    EXPECT_NE(r.error.find("tn2:<job_id>:<run_lease>:<secret>"), std::string::npos) << r.error;
+  }
+  EXPECT_EQ(state_of(id), "running");
+}
+
+TEST_F(sql_contract, every_attempt_gets_its_own_secret_and_keeps_it_in_its_receipt) {
+  const auto id = enqueue("k");
+  const auto first = claim(1).at(0);
+  EXPECT_EQ(db_.scalar("SELECT encode(uuid_send(secret), 'hex') FROM " + s("receipts") + " WHERE job_id = $1", {id}),
+            secret_of(first.token));
+  db_.exec("SELECT " + s("fail_job") + "($1, 'again', true)", {first.token});
+  db_.exec("UPDATE " + s("deferred") + " SET run_at = now() - interval '1 second'");
+  const auto second = claim(1).at(0);
+  ASSERT_EQ(second.job_id, id);
+  ASSERT_EQ(second.run_lease, "2");
+  EXPECT_NE(secret_of(second.token), secret_of(first.token));
+  // The first attempt's secret does not open the second: only its own does.
+  const auto borrowed = "tn2:" + id + ":2:" + secret_of(first.token);
+  EXPECT_EQ(db_.query("SELECT * FROM " + s("complete_job") + "($1)", {borrowed}).sqlstate, "TN001");
+
+  db_.exec("SELECT " + s("enqueue_batch") +
+           "(array_fill('k'::text, ARRAY[200]), array_fill('{}'::jsonb, ARRAY[200]), "
+           "array_fill('default'::text, ARRAY[200]), array_fill(2, ARRAY[200]))");
+  std::set<std::string> secrets{secret_of(second.token)};
+  for (const auto& c : claim(200)) {
+    EXPECT_TRUE(std::regex_match(c.token, k_token_v2)) << c.token;
+    secrets.insert(secret_of(c.token));
+  }
+  EXPECT_EQ(secrets.size(), 201u) << "two attempts share a secret";
+  EXPECT_EQ(db_.scalar("SELECT count(DISTINCT secret) FROM " + s("receipts")), "201");
+}
+
 TEST_F(sql_contract, stale_tokens_raise_tn001_after_rescue_cancel_and_reclaim) {
   enqueue("a");
   enqueue("b");
@@ -207,17 +289,20 @@ TEST_F(sql_contract, stale_tokens_raise_tn001_after_rescue_cancel_and_reclaim) {
 }
 
 TEST_F(sql_contract, every_token_function_raises_only_tn002_for_malformed_input) {
+  const std::string h = "00112233445566778899aabbccddeeff";
   std::vector<tenure::test::cell> inputs = {
-      std::nullopt, "", "tn1", "tn1:", "tn1:1", "tn1:1:", "tn1:0:1", "tn1:-1:1", "tn1:01:1", "tn2:1:1",
-      "tn1:1:1:1", "tn1:9223372036854775808:1", "tn1:1:99999999999999999999", " tn1:1:1", "tn1:1:1\n",
-      "tn1:１:1", "'; DROP TABLE x; --", std::string(100000, 'x'), "tn1:" + std::string(70, '1') + ":1",
-      "\xF0\x9F\x98\x80", "tn1:1e3:1", "tn1:0x1:1"};
+      std::nullopt, "", "tn2", "tn2:", "tn2:1", "tn2:1:", "tn2:1:1", "tn2:1:1:", "tn2:0:1:" + h, "tn2:-1:1:" + h,
+      "tn2:01:1:" + h, "tn1:1:1", "tn1:1:1:" + h, "tn3:1:1:" + h, "tn2:1:1:" + h + ":1",
+      "tn2:9223372036854775808:1:" + h, "tn2:1:99999999999999999999:" + h, " tn2:1:1:" + h, "tn2:1:1:" + h + "\n",
+      "tn2:１:1:" + h, "tn2:1:1:" + h.substr(1), "tn2:1:1:" + h + "0", "tn2:1:1:00112233445566778899AABBCCDDEEFF",
+      "tn2:1:1:00112233-4455-6677-8899-aabbccddeeff", "'; DROP TABLE x; --", std::string(100000, 'x'),
+      "tn2:" + std::string(70, '1') + ":1:" + h, "\xF0\x9F\x98\x80", "tn2:1e3:1:" + h, "tn2:0x1:1:" + h};
   std::mt19937 rng{12345};
   // Whole code points, so every input is valid text (invalid UTF-8 never reaches a function).
-  const std::vector<std::string> alphabet = {"t", "n", "1", ":", "0", "5", "9", "-", "+", " ", "x",
+  const std::vector<std::string> alphabet = {"t", "n", "1", "2", ":", "0", "5", "9", "a", "f", "-", "+", " ", "x",
                                              "\xC3\xA9", "\xF0\x9F\x98\x80", "\t", "\\", "'", "\""};
   for (int i = 0; i < 300; ++i) {
-    std::string t = rng() % 2 ? "tn1:" : "";
+    std::string t = rng() % 2 ? "tn2:" : "";
     const auto len = rng() % 40;
     for (unsigned j = 0; j < len; ++j) t += alphabet[rng() % alphabet.size()];
     inputs.emplace_back(t);
@@ -236,11 +321,12 @@ TEST_F(sql_contract, every_token_function_raises_only_tn002_for_malformed_input)
           << fn << " with " << input.value_or("NULL").substr(0, 60) << " -> " << r.sqlstate << " " << r.error;
       if (r.sqlstate == "TN001") {
         // A well-formed token naming no live attempt.
-        EXPECT_TRUE(input && input->starts_with("tn1:")) << *input;
+        EXPECT_TRUE(input && std::regex_match(*input, k_token_v2)) << *input;
       }
     }
   }
-  for (const auto& t : {"", "tn1:0:1", "tn9:1:1", "tn1:9223372036854775808:1"}) {
+  for (const auto& t : {std::string{}, "tn2:0:1:" + h, "tn9:1:1:" + h, "tn2:9223372036854775808:1:" + h,
+                        std::string{"tn1:1:1"}}) {
     EXPECT_EQ(db_.query("SELECT * FROM " + s("complete_job") + "($1)", {std::string{t}}).sqlstate, "TN002") << t;
   }
 }

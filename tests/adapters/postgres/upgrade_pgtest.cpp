@@ -41,7 +41,7 @@ void upgrade_keeps_open_attempts_and_their_guards(int from) {
   ASSERT_EQ(db.scalar("SELECT max(version) FROM " + schema + ".schema_version"), std::to_string(from));
 
   for (int i = 0; i < 3; ++i) db.exec("SELECT " + schema + ".enqueue('k', '{}', 'q')");
-  auto open = db.exec("SELECT job_id, run_lease FROM " + schema + ".claim('q', 2, 'old-worker')");
+  auto open = db.exec("SELECT job_id, run_lease, token FROM " + schema + ".claim('q', 2, 'old-worker')");
   ASSERT_EQ(open.rows.size(), 2u);
   db.exec("CREATE ROLE " + role);
   db.exec("GRANT USAGE ON SCHEMA " + schema + " TO " + role);
@@ -51,6 +51,15 @@ void upgrade_keeps_open_attempts_and_their_guards(int from) {
   EXPECT_TRUE(upgraded) << why;
   EXPECT_EQ(db.scalar("SELECT max(version) FROM " + schema + ".schema_version"),
             std::to_string(tenure::postgres::known_schema_version()));
+
+  // Attempts open across the upgrade got a secret of their own that nobody holds, so a token
+  // without one (version 1) cannot finalize them; it is refused as malformed and changes nothing.
+  EXPECT_EQ(db.scalar("SELECT count(DISTINCT secret) FROM " + schema + ".receipts"), "2");
+  for (std::size_t i = 0; i < open.rows.size(); ++i) {
+    if (!open.at(i, 2).starts_with("tn1:")) continue;
+    EXPECT_EQ(db.query("SELECT * FROM " + schema + ".complete_job($1)", {open.at(i, 2)}).sqlstate, "TN002");
+  }
+  EXPECT_EQ(db.scalar("SELECT count(*) FROM " + schema + ".jobs WHERE state = 'running'"), "2");
 
   // The role keeps what it was granted; the new claim takes the job left over.
   pg as_role{dsn};

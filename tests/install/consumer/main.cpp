@@ -10,9 +10,9 @@
 #include <tenure/token.hpp>
 
 int main() {
-  auto token = tenure::finalization_token::parse("tn1:42:7");
+  auto token = tenure::finalization_token::parse("tn2:42:7:00112233445566778899aabbccddeeff");
   if (!token || token.value().run_lease() != 7) return 1;
-  auto bad = tenure::finalization_token::parse("tn1:0:7");
+  auto bad = tenure::finalization_token::parse("tn1:42:7");
   if (bad || bad.error() != tenure::errc::malformed_token) return 1;
   // The bridges link: outside a transaction (here: no connection at all) complete_in_tx refuses.
   auto refused = tenure::complete_in_tx(static_cast<PGconn*>(nullptr), token.value());
