@@ -24,6 +24,7 @@ class errc_category final : public std::error_category {
       case errc::protocol_error: return "protocol error";
       case errc::shutting_down: return "shutting down";
       case errc::permission_denied: return "permission denied";
+      case errc::leadership_lost: return "maintenance leadership lost (lease expired or taken over)";
     }
     return "unknown tenure error " + std::to_string(ev);
   }
@@ -37,6 +38,7 @@ class errc_category final : public std::error_category {
       case errc::commit_in_doubt:
         return make_error_condition(condition::in_doubt);
       case errc::stale_attempt:
+      case errc::leadership_lost:
       case errc::job_not_found:
       case errc::database_error:
       case errc::protocol_error:

@@ -54,6 +54,13 @@ struct rescued_attempt {
   job_state new_state = job_state::available;  ///< available, or failed when attempts are spent
 };
 
+/// A maintenance lease as the leader names it in its fenced calls: who holds it and which term
+/// (the term grows every time the lease changes hands).
+struct leader_lease {
+  std::string holder;
+  std::int64_t term = 0;
+};
+
 /// Durable evidence about one attempt, read by reconciliation.
 enum class attempt_evidence {
   open,                ///< the attempt is still live (running or waiting_external)
@@ -186,6 +193,16 @@ class storage_port {
   virtual result<std::vector<rescued_attempt>> rescue_stale(microseconds stale_after) = 0;
   /// Moves due scheduled/retryable jobs to available; returns how many.
   virtual result<std::int64_t> promote_due() = 0;
+  /// The maintenance pass of the leader holding `lease`: promote_due(), then
+  /// rescue_stale(stale_after). A store that keeps leadership (PostgreSQL) runs it in one
+  /// transaction and only while `lease` is its current, unexpired lease; otherwise it changes
+  /// nothing and returns errc::leadership_lost. This default, for stores without leadership (the
+  /// SQLite fake, where one process is the only worker), ignores `lease`.
+  virtual result<std::vector<rescued_attempt>> maintain(const leader_lease& lease, microseconds stale_after) {
+    (void)lease;
+    TENURE_TRYV(promote_due());
+    return rescue_stale(stale_after);
+  }
   /// Reads durable evidence about one attempt (never writes).
   virtual result<attempt_evidence> reconcile(attempt_id attempt) = 0;
   /// The same for many attempts in one set-based statement; one answer per input, same order.

@@ -25,6 +25,7 @@ errc errc_from_sqlstate(std::string_view s) noexcept {
   if (s == "TN001") return errc::stale_attempt;
   if (s == "TN002") return errc::malformed_token;
   if (s == "TN003") return errc::job_not_found;
+  if (s == "TN004") return errc::leadership_lost;
   // Serialization failure, deadlock, lock timeout, and a statement cancelled (statement_timeout,
   // pg_cancel_backend): the transaction was rolled back, the whole operation may be retried.
   if (s == "40001" || s == "40P01" || s == "55P03" || s == "57014") return errc::transient_conflict;

@@ -54,18 +54,36 @@ class pg_signal_port final : public sdk::signal_port {
     return out;
   }
 
-  result<bool> try_lead() override {
+  result<std::optional<std::int64_t>> try_lead(const std::string& holder, std::chrono::milliseconds ttl) override {
     if (!connected()) return errc::database_unavailable;
-    // A session lock lasts as long as this session, and a leader's session can die without a
-    // word (a dropped network path, a failover): the server then releases the lock and another
-    // worker takes it. So a leader proves its session alive with a bounded round trip on every
-    // call; one that gets no answer in time drops the session and its leadership.
-    auto r = bounded(leader_ ? std::string{"SELECT true"}
-                             : "SELECT pg_try_advisory_lock(hashtext(" +
-                                   conn_->quote_literal("tenure.maintenance:" + schema_) + "))");
+    // A lease row with an expiry on the server's clock, not a session lock: a session outlives a
+    // paused process (SIGSTOP, a debugger, a VM freeze) and a pooled server connection outlives
+    // its client, and neither may keep leadership. Every call is a bounded round trip: a session
+    // that gives no answer in time is dropped and reconnected.
+    auto r = bounded("SELECT " + schema_ + ".acquire_leadership(" + conn_->quote_literal(holder) + ", " +
+                     conn_->quote_literal(std::to_string(ttl.count()) + " milliseconds") + ")");
     if (!r) return r.error();
-    if (!leader_) leader_ = r.value() == "t";
-    return leader_;
+    std::optional<std::int64_t> term;
+    if (!r.value().empty()) {
+      std::int64_t t = 0;
+      const auto& v = r.value();
+      if (std::from_chars(v.data(), v.data() + v.size(), t).ec != std::errc{}) return errc::protocol_error;
+      term = t;
+    }
+    leader_ = term.has_value();
+    return term;
+  }
+
+  void resign(const std::string& holder, std::int64_t term) noexcept override {
+    if (!connected()) return;
+    try {
+      auto r = bounded("SELECT " + schema_ + ".release_leadership(" + conn_->quote_literal(holder) + ", " +
+                       std::to_string(term) + ")");
+      if (r && r.value() == "t") spdlog::info("tenure.pg: maintenance lease of term {} released", term);
+    } catch (...) {
+      // Best effort: a lease not released expires.
+    }
+    leader_ = false;
   }
 
  private:
@@ -148,7 +166,7 @@ class pg_signal_port final : public sdk::signal_port {
 
   std::error_code lost(std::string why = {}) {
     if (why.empty()) why = detail::one_line(PQerrorMessage(conn_->native()));
-    spdlog::warn("tenure.pg: signal session lost{}: {}", leader_ ? " (maintenance leadership with it)" : "", why);
+    spdlog::warn("tenure.pg: signal session lost{}: {}", leader_ ? " (the maintenance lease is no longer renewed)" : "", why);
     conn_.reset();
     leader_ = false;
     return errc::database_unavailable;

@@ -59,6 +59,8 @@ struct statements {
         rescue{"tenure_rescue",
                "SELECT job_id, run_lease, queue, new_state FROM " + s + ".rescue_attempts($1::interval)"},
         promote{"tenure_promote", "SELECT " + s + ".promote_due(NULL, 10000)"},
+        maintain{"tenure_maintain", "SELECT job_id, run_lease, queue, new_state FROM " + s +
+                                        ".maintain($1, $2::bigint, $3::interval)"},
         evidence{"tenure_evidence", "SELECT " + s + ".attempt_evidence($1::bigint, $2::bigint)"},
         evidence_batch{"tenure_evidence_batch",
                        "SELECT " + s + ".attempt_evidence(a.job_id, a.run_lease) FROM unnest($1::bigint[], "
@@ -74,7 +76,7 @@ struct statements {
 
   statement enqueue, enqueue_batch, claim, heartbeat, complete, fail, snooze, cancel_attempt, checkpoint, register_callback,
       await_callback, resume_callback, extend_callback, complete_callback, fail_callback, cancel_job,
-      retry_job, read_job, rescue, promote, evidence, evidence_batch, version, configure_queue;
+      retry_job, read_job, rescue, promote, maintain, evidence, evidence_batch, version, configure_queue;
 };
 
 param text(std::string_view s) { return std::string{s}; }
@@ -476,8 +478,8 @@ result<job_info> store::read_job(std::int64_t job_id) {
   return j;
 }
 
-result<std::vector<sdk::rescued_attempt>> store::rescue_stale(sdk::microseconds stale_after) {
-  TENURE_TRY(auto rows, impl_->run(impl_->st.rescue, {detail::interval_text(stale_after)}, effect::write));
+namespace {
+result<std::vector<sdk::rescued_attempt>> rescued_from(const detail::rows& rows) {
   std::vector<sdk::rescued_attempt> out;
   for (int i = 0; i < rows.size(); ++i) {
     sdk::rescued_attempt r;
@@ -487,6 +489,20 @@ result<std::vector<sdk::rescued_attempt>> store::rescue_stale(sdk::microseconds 
     out.push_back(std::move(r));
   }
   return out;
+}
+}  // namespace
+
+result<std::vector<sdk::rescued_attempt>> store::rescue_stale(sdk::microseconds stale_after) {
+  TENURE_TRY(auto rows, impl_->run(impl_->st.rescue, {detail::interval_text(stale_after)}, effect::write));
+  return rescued_from(rows);
+}
+
+result<std::vector<sdk::rescued_attempt>> store::maintain(const sdk::leader_lease& lease,
+                                                          sdk::microseconds stale_after) {
+  TENURE_TRY(auto rows, impl_->run(impl_->st.maintain,
+                                   {text(lease.holder), number(lease.term), detail::interval_text(stale_after)},
+                                   effect::write));
+  return rescued_from(rows);
 }
 
 result<std::int64_t> store::promote_due() {

@@ -40,6 +40,9 @@ enum class errc {
   shutting_down = 11,
   /// The caller lacks a privilege (e.g. a finalizer-only role reading tenure tables).
   permission_denied = 12,
+  /// A maintenance pass of a leader whose lease expired or was taken over (a newer term exists):
+  /// refused, nothing changed. The process must stop acting as leader. SQLSTATE TN004.
+  leadership_lost = 13,
 };
 
 /// Broad conditions: what to do about a failure.

@@ -56,8 +56,17 @@ struct runtime_config {
   milliseconds flush_delay{2};  ///< a partial batch waits at most this long
   milliseconds poll_interval{1'000};  ///< fallback when no NOTIFY arrives (and the only path if LISTEN fails)
   milliseconds shutdown_timeout{30'000};
+  /// How often the maintenance leader promotes and rescues, and how often every worker renews
+  /// or asks for the maintenance lease.
   milliseconds maintenance_interval{1'000};
-  /// Run promotion and rescue when this process holds the maintenance lock (or always, when
+  /// How long a maintenance lease lasts unless renewed (by the database's clock). A leader that
+  /// stops renewing (paused, partitioned, dead) loses it after at most this long, and stops
+  /// acting as leader by its own steady clock by then. An attempt whose worker died is rescued
+  /// within staleness + maintenance_lease + 3 x maintenance_interval of its last heartbeat, even
+  /// when the leader froze. Default 3 x maintenance_interval; less than 2 x maintenance_interval,
+  /// or more than one hour, is refused.
+  std::optional<milliseconds> maintenance_lease;
+  /// Run promotion and rescue when this process holds the maintenance lease (or always, when
   /// the storage has no signal port).
   bool maintenance = true;
   std::string worker_id;  ///< default "<hostname>:<pid>"
@@ -263,6 +272,8 @@ struct runtime_metrics {
   /// stop(), the ones it could not flush (their attempts stay open for rescue).
   std::int64_t pending_completions = 0;
   bool leader = false;
+  std::int64_t leader_term = 0;  ///< the term of the lease held (0 when not the leader)
+  std::uint64_t leadership_lost = 0;  ///< maintenance passes refused because the lease was lost
 };
 
 class runtime {

@@ -3,7 +3,8 @@
 //    the in-flight table, the completion batcher, timers). Nothing else touches it.
 //  - db_: a thread pool for blocking storage calls; each call posts its answer back to ctl_.
 //  - workers_: a thread pool running handlers; each outcome is posted back to ctl_.
-//  - signal thread: waits on the signal port (LISTEN/NOTIFY, leadership) and posts to ctl_.
+//  - signal thread: waits on the signal port (LISTEN/NOTIFY), renews the maintenance lease, and
+//    posts to ctl_.
 // An attempt's in-flight entry and its capacity permit are released on ctl_ only after the
 // database answered for it (applied or stale), never before.
 #include "tenure/runtime.hpp"
@@ -20,6 +21,8 @@
 #include <deque>
 #include <future>
 #include <map>
+#include <mutex>
+#include <random>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -131,7 +134,16 @@ struct runtime::impl {
   std::shared_ptr<detail::call_gate> store_gate;  ///< handler-side store calls (may be null)
   std::unique_ptr<detail::call_gate> owned_gate;  ///< caller-owned handlers running (may be null)
   atomic_metrics m;
-  std::atomic<bool> leader{false};
+
+  // Maintenance leadership (with a signal port): the lease this runtime holds, and until when it
+  // may act on it by its own steady clock (ttl counted from when it asked, so never past the
+  // database's expiry). Written by the signal thread (renewals) and the control thread (a pass the
+  // database refused, an expiry it noticed); read by both and by metrics().
+  mutable std::mutex lead_mu;
+  std::int64_t lead_term = 0;  ///< 0: not the leader
+  steady_clock::time_point lead_until{};
+  std::string lead_holder;  ///< "<worker_id>/<random>": unique to this runtime instance
+  std::atomic<std::uint64_t> leadership_lost{0};
 
   asio::io_context ctl;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> ctl_guard;
@@ -976,12 +988,62 @@ struct runtime::impl {
     });
   }
 
-  bool is_leader() const { return cfg.maintenance && (!signals || leader.load()); }
+  milliseconds lease_ttl() const { return cfg.maintenance_lease.value_or(cfg.maintenance_interval * 3); }
+
+  /// The term of the lease held, while this process may still act on it.
+  std::optional<std::int64_t> current_term() const {
+    std::lock_guard lock(lead_mu);
+    if (lead_term == 0 || steady_clock::now() >= lead_until) return std::nullopt;
+    return lead_term;
+  }
+
+  bool is_leader() const { return cfg.maintenance && (!signals || current_term().has_value()); }
+
+  /// The database granted (or renewed) `term` for a request sent at `asked`.
+  void hold_lease(std::int64_t term, steady_clock::time_point asked) {
+    std::lock_guard lock(lead_mu);
+    const auto until = asked + lease_ttl();
+    if (term != lead_term && until > steady_clock::now()) {
+      spdlog::info("tenure: worker {} is now the maintenance leader (term {})", cfg.worker_id, term);
+    }
+    lead_term = term;
+    lead_until = until;
+  }
+
+  /// Stops acting as leader of `term` (0: whatever term is held), logging why once.
+  void drop_lease(std::int64_t term, const std::string& why) {
+    std::lock_guard lock(lead_mu);
+    if (lead_term == 0 || (term != 0 && term != lead_term)) return;
+    spdlog::warn("tenure: worker {} is no longer the maintenance leader (term {}): {}", cfg.worker_id, lead_term, why);
+    lead_term = 0;
+  }
+
+  /// The term to fence this pass with, or nullopt when this process must not lead now. A lease
+  /// past its local expiry (a pause, or renewals that failed) is dropped here, said once.
+  std::optional<std::int64_t> term_for_pass() {
+    std::lock_guard lock(lead_mu);
+    if (lead_term == 0) return std::nullopt;
+    if (steady_clock::now() < lead_until) return lead_term;
+    spdlog::warn("tenure: worker {} is no longer the maintenance leader (term {}): its lease ({} ms) expired before "
+                 "it was renewed",
+                 cfg.worker_id, lead_term, lease_ttl().count());
+    lead_term = 0;
+    return std::nullopt;
+  }
 
   void maintenance(std::function<void()> done) {
-    if (maintenance_running || !is_leader()) {
+    if (maintenance_running || !cfg.maintenance) {
       done();
       return;
+    }
+    std::optional<sdk::leader_lease> lease;
+    if (signals) {
+      const auto term = term_for_pass();
+      if (!term) {
+        done();
+        return;
+      }
+      lease = sdk::leader_lease{lead_holder, *term};
     }
     maintenance_running = true;
     const auto stale_after = std::chrono::duration_cast<sdk::microseconds>(staleness());
@@ -992,17 +1054,27 @@ struct runtime::impl {
       if (!e->handler_done) own.push_back(id);
     }
     on_db(
-        [this, stale_after, own = std::move(own)]() -> result<std::vector<sdk::rescued_attempt>> {
+        [this, stale_after, own = std::move(own), lease]() -> result<std::vector<sdk::rescued_attempt>> {
           if (!own.empty()) {
             auto refreshed = store->heartbeat(own);
             if (!refreshed) return refreshed.error();
           }
+          // With leadership, the pass is fenced: the database runs it only for the current term.
+          if (lease) return store->maintain(*lease, stale_after);
           auto promoted = store->promote_due();
           if (!promoted) return promoted.error();
           return store->rescue_stale(stale_after);
         },
-        [this, done = std::move(done)](result<std::vector<sdk::rescued_attempt>> r) {
+        [this, done = std::move(done), lease](result<std::vector<sdk::rescued_attempt>> r) {
           maintenance_running = false;
+          if (!r && r.error() == errc::leadership_lost) {
+            leadership_lost.fetch_add(1, std::memory_order_relaxed);
+            drop_lease(lease ? lease->term : 0,
+                       "the database refused its maintenance pass: the lease expired or another worker took it "
+                       "over; nothing was changed");
+            done();
+            return;
+          }
           if (!r) {
             m.database_errors.fetch_add(1, std::memory_order_relaxed);
             spdlog::warn("tenure: maintenance failed: {}", r.error().message());
@@ -1107,7 +1179,7 @@ struct runtime::impl {
     auto next_lead_try = steady_clock::now();
     while (!signal_stop.load()) {
       if (!signals->connected()) {
-        leader = false;
+        // The lease is not tied to this session: it stays usable until it expires by our clock.
         auto c = signals->connect();
         if (!c) {
           backoff = next_backoff(backoff);
@@ -1125,19 +1197,21 @@ struct runtime::impl {
         });
       }
       if (cfg.maintenance && steady_clock::now() >= next_lead_try) {
-        auto l = signals->try_lead();
-        const bool now_leader = l && l.value();
-        if (now_leader != leader.load()) {
-          spdlog::info("tenure: worker {} {} the maintenance leader", cfg.worker_id, now_leader ? "is now" : "is no longer");
+        // Renewed every maintenance_interval, well within the ttl (at least 2 x that interval).
+        const auto asked = steady_clock::now();
+        auto l = signals->try_lead(lead_holder, lease_ttl());
+        if (l && l.value()) {
+          hold_lease(*l.value(), asked);
+        } else if (l) {
+          drop_lease(0, "another worker holds the lease");
         }
-        leader = now_leader;
-        next_lead_try = steady_clock::now() + cfg.maintenance_interval;
+        // (A failed renewal keeps the lease until it expires by our clock: the pool may still work.)
+        next_lead_try = asked + cfg.maintenance_interval;
       }
-      auto r = signals->wait(milliseconds{100});
-      if (!r) {
-        leader = false;
-        continue;
-      }
+      const auto until_lead = std::chrono::duration_cast<milliseconds>(next_lead_try - steady_clock::now());
+      auto r = signals->wait(cfg.maintenance ? std::clamp(until_lead, milliseconds{1}, milliseconds{100})
+                                             : milliseconds{100});
+      if (!r) continue;
       if (r.value().empty()) continue;
       // Every notification is a hint (any role that can connect may send one): one batch of
       // them, duplicates merged, goes to the control thread as one task.
@@ -1159,7 +1233,14 @@ struct runtime::impl {
         }
       });
     }
-    leader = false;
+    // A stopping leader ends its lease, so that the next worker need not wait for it to expire.
+    std::int64_t held = 0;
+    {
+      std::lock_guard lock(lead_mu);
+      held = lead_term;
+      lead_term = 0;
+    }
+    if (held != 0 && signals->connected()) signals->resign(lead_holder, held);
   }
 
   // ---- idle / shutdown ----
@@ -1214,6 +1295,17 @@ result<std::unique_ptr<runtime>> runtime::create(runtime_config config, std::sha
   if (config.flush_delay.count() < 0) return bad("flush_delay must not be negative");
   if (config.poll_interval.count() <= 0) return bad("poll_interval must be positive");
   if (config.maintenance_interval.count() <= 0) return bad("maintenance_interval must be positive");
+  if (config.maintenance_lease) {
+    const auto ttl = *config.maintenance_lease;
+    if (ttl < config.maintenance_interval * 2) {
+      return bad("maintenance_lease (" + std::to_string(ttl.count()) + " ms) must be at least 2 x maintenance_interval (" +
+                 std::to_string(config.maintenance_interval.count()) + " ms)");
+    }
+    if (ttl > std::chrono::hours{1}) return bad("maintenance_lease must be at most one hour");
+  } else if (signals && config.maintenance && config.maintenance_interval * 3 > std::chrono::hours{1}) {
+    // (Without a signal port there is no lease: tests drive maintenance by hand.)
+    return bad("maintenance_lease (default 3 x maintenance_interval) must be at most one hour: set it explicitly");
+  }
   if (config.shutdown_timeout.count() < 0) return bad("shutdown_timeout must not be negative");
   if (config.reconcile_budget && config.reconcile_budget->count() < 0) return bad("reconcile_budget must not be negative");
   if (config.max_caller_owned < 0) return bad("max_caller_owned must not be negative");
@@ -1234,6 +1326,12 @@ result<std::unique_ptr<runtime>> runtime::create(runtime_config config, std::sha
     for (const auto& q : config.queues) config.handler_threads += q.max_concurrency;
   }
   auto p = std::make_unique<impl>(std::move(config), std::move(store), std::move(signals));
+  {
+    std::random_device rd;
+    char nonce[17];
+    std::snprintf(nonce, sizeof nonce, "%08x%08x", rd(), rd());
+    p->lead_holder = p->cfg.worker_id.substr(0, 160) + "/" + nonce;
+  }
   if (p->cfg.handler_store_calls > 0) p->store_gate = std::make_shared<detail::call_gate>(p->cfg.handler_store_calls);
   if (p->cfg.max_caller_owned > 0) p->owned_gate = std::make_unique<detail::call_gate>(p->cfg.max_caller_owned);
   return std::unique_ptr<runtime>(new runtime(std::move(p)));
@@ -1427,6 +1525,8 @@ runtime_metrics runtime::metrics() const {
   r.watching = m.watching;
   r.pending_completions = m.pending_completions;
   r.leader = impl_->is_leader();
+  r.leader_term = r.leader && impl_->signals ? impl_->current_term().value_or(0) : 0;
+  r.leadership_lost = impl_->leadership_lost.load(std::memory_order_relaxed);
   return r;
 }
 
@@ -1471,6 +1571,9 @@ std::string runtime::prometheus_text() const {
   gauge("watching", "Attempts whose permit was released while still reconciling.", r.watching);
   gauge("pending_completions", "Completed outcomes waiting for (or in) a completion flush.", r.pending_completions);
   gauge("leader", "1 when this process runs maintenance.", r.leader ? 1 : 0);
+  gauge("leader_term", "Term of the maintenance lease this process holds (0 when it holds none).", r.leader_term);
+  counter("leadership_lost_total", "Maintenance passes the database refused because the lease was lost.",
+          r.leadership_lost);
   return out;
 }
 

@@ -4,6 +4,10 @@
 // Three worker processes (worker_process.cpp) drain 20,000 jobs; one is killed with SIGKILL
 // mid-run. Every execution is recorded durably in a side table by the handler itself, before
 // the runtime completes the attempt, so the table is the ground truth of what ran.
+//
+// And a frozen maintenance leader (SIGSTOP) does not stop the rescue of a dead worker's attempts:
+// its lease expires, a live worker takes it over and rescues them within the documented bound;
+// the old leader, woken, does nothing as leader.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -115,7 +119,7 @@ class multiprocess_pg : public ::testing::Test {
   }
 
   /// fork + exec of the worker executable, stdout and stderr into files of this test.
-  worker& spawn(const std::string& name) {
+  worker& spawn(const std::string& name, const std::vector<std::string>& extra = {}) {
     worker w;
     w.name = name;
     w.out_path = dir_ + "/" + name + ".out";
@@ -123,6 +127,7 @@ class multiprocess_pg : public ::testing::Test {
     // Everything the child needs is prepared before fork: after it, only async-signal-safe calls.
     const std::string bin = TENURE_MP_WORKER;
     std::vector<std::string> args{bin, schema_.dsn(), schema_.name(), name};
+    args.insert(args.end(), extra.begin(), extra.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -173,6 +178,15 @@ class multiprocess_pg : public ::testing::Test {
 
   bool printed(const worker& w, const std::string& needle) {
     return read_file(w.out_path).find(needle) != std::string::npos;
+  }
+  bool logged(const worker& w, const std::string& needle) {
+    return read_file(w.err_path).find(needle) != std::string::npos;
+  }
+  void wait_ready(worker& w) {
+    ASSERT_TRUE(poll_until([&] { return printed(w, "ready\n") || reap(w, 0ms); }, 30s))
+        << "worker " << w.name << " did not start";
+    ASSERT_FALSE(w.reaped) << "worker " << w.name << " exited at start: " << describe_status(w) << "\n"
+                           << read_file(w.err_path);
   }
 };
 
@@ -348,6 +362,121 @@ TEST_F(multiprocess_pg, three_processes_one_killed_no_job_lost_and_reruns_only_f
             << "  jobs rescued (run_lease > 1): " << rescued_jobs << "; jobs executed twice: " << rerun_jobs
             << "; extra executions: " << extra_executions << " (victim frozen " << freezes << "x)\n"
             << "  survivors' heartbeat warnings 'is no longer live': " << survivors_not_live_warnings << "\n";
+}
+
+// The workers' settings (worker_process.cpp): staleness 2 s, maintenance_interval 100 ms, so a
+// maintenance lease of 300 ms. README: an attempt whose worker died is rescued within
+// staleness + maintenance_lease + 3 x maintenance_interval of its last heartbeat.
+constexpr auto k_rescue_bound = 2'000ms + 300ms + 3 * 100ms;
+// Claiming and completing the rescued jobs, and a loaded machine's scheduling delays.
+constexpr auto k_rescue_slack = 4'000ms;
+
+TEST_F(multiprocess_pg, a_frozen_leader_does_not_stop_the_rescue_of_a_dead_workers_attempts) {
+  constexpr int k_held = 12;  // within one worker's max_concurrency (16)
+  db_.exec("CREATE TABLE " + s("executions") +
+           " (job_id bigint NOT NULL, run_lease bigint NOT NULL, worker text NOT NULL,"
+           "  at timestamptz NOT NULL DEFAULT clock_timestamp())");
+  workers_.reserve(3);
+  worker& w1 = spawn("w1");
+  wait_ready(w1);
+  ASSERT_TRUE(poll_until([&] { return logged(w1, "worker mp-w1 is now the maintenance leader"); }, 30s))
+      << "w1 never became the maintenance leader";
+  // The leader freezes (a debugger, a VM pause, swap): its process keeps its TCP sessions open.
+  ASSERT_EQ(::kill(w1.pid, SIGSTOP), 0);
+
+  // w2 never leads; it takes every job and holds each attempt (the handler waits).
+  worker& w2 = spawn("w2", {"no-maintenance"});
+  wait_ready(w2);
+  db_.exec("SELECT count(*) FROM " + s("enqueue_batch") +
+               "(array_fill('hold'::text, ARRAY[$1::int]), array_fill('{}'::jsonb, ARRAY[$1::int]), "
+               "array_fill('default'::text, ARRAY[$1::int]), array_fill(2, ARRAY[$1::int]))",
+           {std::to_string(k_held)});
+  ASSERT_TRUE(poll_until(
+      [&] { return scalar_long("SELECT count(*) FROM " + s("executions") + " WHERE worker = 'w2'") == k_held; }, 30s))
+      << "w2 did not take every job";
+  ASSERT_EQ(scalar_long("SELECT count(*) FROM " + s("receipts") + " WHERE worker = 'mp-w2'"), k_held);
+
+  // A third worker, alive. Then w2 dies with its attempts open.
+  worker& w3 = spawn("w3");
+  wait_ready(w3);
+  ASSERT_EQ(::kill(w2.pid, SIGKILL), 0);
+  ASSERT_TRUE(reap(w2, 10s));
+  const auto t_kill = steady_clock::now();
+
+  // While w1 stays frozen, w3 takes the lease over, rescues w2's attempts, and runs them again.
+  long done = 0;
+  const bool all_done = poll_until(
+      [&] {
+        done = scalar_long("SELECT count(*) FROM " + s("jobs") + " WHERE state = 'completed'");
+        return done == k_held;
+      },
+      30s, 20ms);
+  const auto took = steady_clock::now() - t_kill;
+  ASSERT_TRUE(all_done) << "only " << done << " of " << k_held << " jobs of the dead worker completed within 30 s "
+                        << "while the leader was frozen; states: "
+                        << db_.scalar("SELECT string_agg(state || '=' || n, ', ') FROM (SELECT state, count(*) n FROM " +
+                                      s("jobs") + " GROUP BY state) x");
+  EXPECT_LT(took, k_rescue_bound + k_rescue_slack)
+      << "rescued and completed " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+      << " ms after the kill; documented bound " << k_rescue_bound.count() << " ms from the last heartbeat";
+  EXPECT_EQ(scalar_long("SELECT count(*) FROM " + s("done") + " WHERE run_lease = 2"), k_held);
+  EXPECT_EQ(scalar_long("SELECT count(*) FROM " + s("executions") + " WHERE worker = 'w3' AND run_lease = 2"), k_held);
+  EXPECT_EQ(db_.scalar("SELECT split_part(holder, '/', 1) FROM " + s("leadership")), "mp-w3");
+  EXPECT_TRUE(logged(w3, "worker mp-w3 is now the maintenance leader"));
+  const long term_w3 = scalar_long("SELECT term FROM " + s("leadership"));
+  EXPECT_GE(term_w3, 2) << "w3's term follows w1's";
+
+  // w1 wakes up. It does nothing as leader: w3 keeps the lease and its term (w1 cannot renew a
+  // lease that expired, nor take one w3 renews), and w1 says it is no longer the leader.
+  ASSERT_EQ(::kill(w1.pid, SIGCONT), 0);
+  ASSERT_TRUE(poll_until([&] { return logged(w1, "worker mp-w1 is no longer the maintenance leader"); }, 10s))
+      << "w1 did not notice that it lost the lease";
+  const auto watch_until = steady_clock::now() + 1'500ms;
+  while (steady_clock::now() < watch_until) {
+    ASSERT_EQ(db_.scalar("SELECT split_part(holder, '/', 1) FROM " + s("leadership")), "mp-w3");
+    ASSERT_EQ(scalar_long("SELECT term FROM " + s("leadership")), term_w3);
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_FALSE(logged(w1, "rescued job")) << "the woken leader rescued something";
+
+  // w1 leads again only once w3's lease has ended: w3 stops (and releases it), w1 takes it over
+  // with a newer term.
+  ASSERT_EQ(::kill(w3.pid, SIGTERM), 0);
+  ASSERT_TRUE(reap(w3, 60s));
+  EXPECT_TRUE(exited_with(w3, 0)) << describe_status(w3);
+  ASSERT_TRUE(poll_until(
+      [&] { return db_.scalar("SELECT split_part(holder, '/', 1) FROM " + s("leadership")) == "mp-w1"; }, 10s))
+      << "w1 did not take the lease over after w3 stopped";
+  EXPECT_GT(scalar_long("SELECT term FROM " + s("leadership")), term_w3);
+  ASSERT_EQ(::kill(w1.pid, SIGTERM), 0);
+  ASSERT_TRUE(reap(w1, 60s));
+  EXPECT_TRUE(exited_with(w1, 0)) << describe_status(w1);
+  std::cout << "frozen leader: " << k_held << " attempts of the killed worker rescued and completed "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms after the kill (bound "
+            << k_rescue_bound.count() << " ms after the last heartbeat)\n";
+}
+
+TEST_F(multiprocess_pg, a_killed_leader_leaves_no_lock_or_lease_behind) {
+  workers_.reserve(2);
+  worker& w1 = spawn("w1");
+  wait_ready(w1);
+  ASSERT_TRUE(poll_until([&] { return logged(w1, "worker mp-w1 is now the maintenance leader"); }, 30s));
+  worker& w2 = spawn("w2");
+  wait_ready(w2);
+  const auto holder = [&] { return db_.scalar("SELECT split_part(holder, '/', 1) FROM " + s("leadership")); };
+  ASSERT_TRUE(poll_until([&] { return holder() == "mp-w1"; }, 10s));
+  ASSERT_EQ(::kill(w1.pid, SIGKILL), 0);
+  ASSERT_TRUE(reap(w1, 10s));
+  const auto t_kill = steady_clock::now();
+  // No session lock: w2 takes the lease once it expires (300 ms), plus one renewal round.
+  ASSERT_TRUE(poll_until([&] { return holder() == "mp-w2"; }, 10s))
+      << "w2 never became the leader after the leader was killed";
+  EXPECT_LT(steady_clock::now() - t_kill, 300ms + 100ms + 1'500ms);
+  EXPECT_TRUE(poll_until([&] { return logged(w2, "worker mp-w2 is now the maintenance leader"); }, 5s));
+  EXPECT_EQ(scalar_long("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                        "WHERE l.locktype = 'advisory' AND a.application_name LIKE 'tenure-mp-%'"),
+            0)
+      << "leadership must not be a session lock";
 }
 
 }  // namespace

@@ -453,5 +453,21 @@ TEST_F(runtime_pg, create_refuses_staleness_below_twice_the_heartbeat) {
   EXPECT_NE(why.find("staleness"), std::string::npos) << why;
 }
 
+TEST_F(runtime_pg, create_refuses_a_maintenance_lease_below_twice_the_interval_or_above_an_hour) {
+  for (const auto lease : {std::chrono::milliseconds{150}, std::chrono::milliseconds{std::chrono::hours{2}}}) {
+    auto cfg = fast_config();  // maintenance_interval 100 ms
+    cfg.maintenance_lease = lease;
+    std::string why;
+    auto r = postgres::make_runtime({.dsn = schema_.dsn(), .schema = schema_.name(), .runtime = cfg}, &why);
+    ASSERT_FALSE(r) << lease.count();
+    EXPECT_EQ(r.error(), errc::invalid_argument);
+    EXPECT_NE(why.find("maintenance_lease"), std::string::npos) << why;
+  }
+  auto cfg = fast_config();
+  cfg.maintenance_lease = 200ms;
+  auto r = postgres::make_runtime({.dsn = schema_.dsn(), .schema = schema_.name(), .runtime = cfg});
+  EXPECT_TRUE(r) << "twice the interval is enough";
+}
+
 }  // namespace
 }  // namespace tenure::test

@@ -1,6 +1,8 @@
-// The signal session (LISTEN/NOTIFY and maintenance leadership) when its server goes silent:
+// The signal session (LISTEN/NOTIFY and the maintenance lease) when its server goes silent:
 // the network path drops without a word, or a host accepts connections and never answers.
-// Every wait is bounded, so leadership moves on and stop() returns.
+// Every wait is bounded, so leadership moves on and stop() returns. And leadership is a lease,
+// not a session lock: a session that stays open (a paused process, a pooled server connection)
+// does not keep it past its expiry.
 #include <future>
 
 #include "runtime/runtime_fixture.hpp"
@@ -25,23 +27,23 @@ TEST_F(signals_pg, a_leader_whose_session_goes_silent_gives_up_leadership_within
   auto b = port(schema_.dsn(), "signals-b");
   ASSERT_TRUE(a->connect());
   ASSERT_TRUE(b->connect());
-  auto a_leads = a->try_lead();
+  auto a_leads = a->try_lead("a", 500ms);
   ASSERT_TRUE(a_leads);
-  EXPECT_TRUE(a_leads.value());
-  auto b_leads = b->try_lead();
+  EXPECT_EQ(a_leads.value(), std::optional<std::int64_t>{1});
+  auto b_leads = b->try_lead("b", 500ms);
   ASSERT_TRUE(b_leads);
   EXPECT_FALSE(b_leads.value());
 
-  // A's network path drops without a word: the server ends A's session and frees its lock; A's
-  // own socket stays open and silent.
+  // A's network path drops without a word; A's own socket stays open and silent. A renews no
+  // more, and B takes the lease over once it expired.
   EXPECT_EQ(proxy_.black_hole_all(), 1u);
   ASSERT_TRUE(eventually([&] {
-    auto r = b->try_lead();
-    return r && r.value();
-  }, 10s)) << "B takes the lock the server released";
+    auto r = b->try_lead("b", 500ms);
+    return r && r.value() == std::optional<std::int64_t>{2};
+  }, 10s)) << "B takes the lease A no longer renews";
   // A must not go on believing it leads: its next try_lead gets no answer and gives up.
   const auto t0 = steady::now();
-  auto again = a->try_lead();
+  auto again = a->try_lead("a", 500ms);
   const auto took = steady::now() - t0;
   ASSERT_FALSE(again) << "A still says it leads while B does";
   EXPECT_EQ(again.error(), errc::database_unavailable);
@@ -50,18 +52,18 @@ TEST_F(signals_pg, a_leader_whose_session_goes_silent_gives_up_leadership_within
 }
 
 TEST_F(signals_pg, stop_returns_when_the_signal_session_stops_answering_mid_statement) {
-  // B leads, so A asks for the lock on every maintenance round: a statement in flight whenever
+  // B leads, so A asks for the lease on every maintenance round: a statement in flight whenever
   // its session goes silent.
   auto b = port(schema_.dsn(), "signals-b");
   ASSERT_TRUE(b->connect());
-  ASSERT_TRUE(b->try_lead().value());
+  ASSERT_TRUE(b->try_lead("b", 10min).value());
   std::string why;
   auto a = runtime::create(fast_config(), open_store(), port(proxy_.dsn(schema_.dsn()), "signals-a"), &why);
   ASSERT_TRUE(a) << why;
   a.value()->handle("noop", [](job_context&) { return job_outcome::completed(); });
   ASSERT_TRUE(a.value()->start());
   ASSERT_TRUE(eventually([&] { return proxy_.connections() == 1; }, 5s));
-  std::this_thread::sleep_for(300ms);  // a few maintenance rounds: A asks, B keeps the lock
+  std::this_thread::sleep_for(300ms);  // a few maintenance rounds: A asks, B keeps the lease
   EXPECT_FALSE(a.value()->metrics().leader);
   EXPECT_EQ(proxy_.black_hole_all(), 1u);
   std::this_thread::sleep_for(300ms);  // A's next question is now in flight, unanswered
@@ -90,6 +92,53 @@ TEST_F(signals_pg, connecting_to_a_server_that_never_answers_gives_up_by_the_con
   if (!gave_up) proxy_.kill_everything();  // (so that the test ends either way)
   EXPECT_FALSE(connecting.get());
   EXPECT_GE(took, 8s);
+}
+
+TEST_F(signals_pg, a_leader_whose_session_stays_open_but_renews_no_more_loses_the_lease_at_its_expiry) {
+  // A paused process, or a pooled server connection that outlived its client: the session is
+  // alive and idle. With a session lock it kept leadership for as long as it stayed open.
+  auto a = port(schema_.dsn(), "signals-a");
+  auto b = port(schema_.dsn(), "signals-b");
+  ASSERT_TRUE(a->connect());
+  ASSERT_TRUE(b->connect());
+  ASSERT_EQ(a->try_lead("a", 400ms).value(), std::optional<std::int64_t>{1});
+  const auto t0 = steady::now();
+  ASSERT_FALSE(b->try_lead("b", 400ms).value());
+  ASSERT_TRUE(eventually([&] { return b->try_lead("b", 400ms).value() == std::optional<std::int64_t>{2}; }, 5s))
+      << "B never took the lease of a leader that stopped renewing";
+  EXPECT_GE(steady::now() - t0, 300ms) << "B took the lease before it expired";
+  EXPECT_TRUE(a->connected());
+  EXPECT_FALSE(a->try_lead("a", 400ms).value()) << "A cannot renew a lease B holds";
+  pg db{schema_.dsn()};
+  EXPECT_EQ(db.scalar("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                      "WHERE l.locktype = 'advisory' AND a.application_name LIKE 'signals-%'"),
+            "0")
+      << "leadership must not be a session lock";
+}
+
+TEST_F(signals_pg, a_stopping_leader_releases_its_lease_so_the_next_worker_leads_at_once) {
+  auto made_a = runtime::create(fast_config(), open_store(), port(schema_.dsn(), "signals-a"));
+  ASSERT_TRUE(made_a);
+  auto& a = *made_a.value();
+  a.handle("noop", [](job_context&) { return job_outcome::completed(); });
+  ASSERT_TRUE(a.start());
+  ASSERT_TRUE(eventually([&] { return a.metrics().leader; }, 5s));
+  const auto term_a = a.metrics().leader_term;
+  EXPECT_GE(term_a, 1);
+  auto cfg = fast_config();
+  cfg.maintenance_lease = 60s;  // B's own lease is long: what matters is how A's ends
+  auto made_b = runtime::create(cfg, open_store(), port(schema_.dsn(), "signals-b"));
+  ASSERT_TRUE(made_b);
+  auto& b = *made_b.value();
+  b.handle("noop", [](job_context&) { return job_outcome::completed(); });
+  ASSERT_TRUE(b.start());
+  std::this_thread::sleep_for(200ms);
+  EXPECT_FALSE(b.metrics().leader);
+  a.stop();
+  EXPECT_FALSE(a.metrics().leader);
+  ASSERT_TRUE(eventually([&] { return b.metrics().leader; }, 5s)) << "B did not take the released lease";
+  EXPECT_GT(b.metrics().leader_term, term_a);
+  b.stop();
 }
 
 }  // namespace

@@ -1,10 +1,13 @@
-// worker_process DSN SCHEMA WORKER_NAME
+// worker_process DSN SCHEMA WORKER_NAME [no-maintenance]
 //
-// One tenure worker process for the multi-process test (multiprocess_pgtest.cpp). It runs the
+// One tenure worker process for the multi-process tests (multiprocess_pgtest.cpp). It runs the
 // PostgreSQL runtime on queue "default" with a handler for kind "exec" that records every
 // execution in <schema>.executions (job_id, run_lease, worker) through its own libpq connection
 // (one per handler thread), commits that row, works 1-3 ms, then reports the job completed.
-// Every session of the process (runtime and handlers) is named tenure-mp-<WORKER_NAME>.
+// Kind "hold" records its execution the same way, then holds its first attempt (run lease 1) for
+// up to 60 s or until it is cancelled; later attempts complete at once. With "no-maintenance"
+// the process never takes the maintenance lease. Every session of the process (runtime and
+// handlers) is named tenure-mp-<WORKER_NAME>.
 //
 // stdout carries only the protocol with the test: "ready" once the runtime started, and
 // "completed=<n> stale=<n>" after a SIGTERM/SIGINT made it stop (then it exits 0). Logs go to
@@ -81,8 +84,8 @@ class exec_recorder {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: %s DSN SCHEMA WORKER_NAME\n", argv[0]);
+  if (argc != 4 && !(argc == 5 && std::string{argv[4]} == "no-maintenance")) {
+    std::fprintf(stderr, "usage: %s DSN SCHEMA WORKER_NAME [no-maintenance]\n", argv[0]);
     return 2;
   }
   const std::string dsn = argv[1], schema = argv[2], name = argv[3];
@@ -115,6 +118,7 @@ int main(int argc, char** argv) {
   cfg.flush_delay = 2ms;
   cfg.shutdown_timeout = 10s;
   cfg.worker_id = "mp-" + name;
+  cfg.maintenance = argc == 4;
 
   std::string why;
   auto made = tenure::postgres::make_runtime(opt, &why);
@@ -132,6 +136,12 @@ int main(int argc, char** argv) {
     // executed (their row is committed) but are not completed yet, which a crash makes run again.
     thread_local std::mt19937 rng{std::random_device{}()};
     std::this_thread::sleep_for(std::chrono::microseconds{1000 + rng() % 2000});
+    return tenure::job_outcome::completed();
+  });
+
+  rt->handle("hold", [&recorder](tenure::job_context& ctx) {
+    recorder.record(ctx.job_id(), ctx.run_lease());
+    if (ctx.run_lease() == 1) ctx.wait_cancelled(60s);
     return tenure::job_outcome::completed();
   });
 

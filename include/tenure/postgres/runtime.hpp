@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// A worker runtime over PostgreSQL: the store (pooled connections) plus a LISTEN/NOTIFY
-/// signal session that also holds the maintenance leadership lock.
+/// signal session that also renews the maintenance leadership lease.
 #include <memory>
 #include <string>
 
@@ -35,8 +35,9 @@ struct runtime_options {
 /// connection.
 result<std::unique_ptr<runtime>> make_runtime(runtime_options options, std::string* detail = nullptr);
 
-/// The signal port over one libpq session: LISTEN <schema>_wake and <schema>_cancel, and the
-/// maintenance leadership as a session advisory lock.
+/// The signal port over one libpq session: LISTEN <schema>_wake, <schema>_cancel and
+/// <schema>_callback, and the maintenance lease (<schema>.acquire_leadership: a row with an
+/// expiry, never a session lock, so neither a paused process nor a pooled connection keeps it).
 std::shared_ptr<sdk::signal_port> make_signal_port(std::string dsn, std::string schema,
                                                    std::string application_name = "tenure");
 

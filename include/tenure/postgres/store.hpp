@@ -83,6 +83,10 @@ class store final : public sdk::storage_port {
   result<job_info> read_job(std::int64_t job_id) override;
   result<std::vector<sdk::rescued_attempt>> rescue_stale(sdk::microseconds stale_after) override;
   result<std::int64_t> promote_due() override;
+  /// Runs `<schema>.maintain(holder, term, stale_after)`: errc::leadership_lost (SQLSTATE TN004)
+  /// when `lease` is no longer the current, unexpired maintenance lease.
+  result<std::vector<sdk::rescued_attempt>> maintain(const sdk::leader_lease& lease,
+                                                     sdk::microseconds stale_after) override;
   result<sdk::attempt_evidence> reconcile(attempt_id attempt) override;
   result<std::vector<sdk::attempt_evidence>> reconcile(std::span<const attempt_id> attempts) override;
 

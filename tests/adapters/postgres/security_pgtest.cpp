@@ -197,6 +197,18 @@ TEST_F(security, worker_can_drive_the_attempt_protocol_but_not_touch_tables) {
   EXPECT_EQ(as_role.query("SELECT * FROM " + s("receipts")).sqlstate, "42501");
 }
 
+TEST_F(security, worker_can_lead_maintenance_through_the_lease_functions_but_not_touch_the_lease_row) {
+  grant(tenure::postgres::grant_kind::worker);
+  pg as_role{tenure::test::dsn_with_user(schema_.dsn(), role_)};
+  EXPECT_EQ(as_role.scalar("SELECT " + s("acquire_leadership") + "('w', '1 minute')"), "1");
+  auto pass = as_role.query("SELECT * FROM " + s("maintain") + "('w', 1, '30 seconds')");
+  EXPECT_TRUE(pass.ok) << pass.error;
+  EXPECT_EQ(as_role.query("SELECT * FROM " + s("maintain") + "('w', 7, '30 seconds')").sqlstate, "TN004");
+  EXPECT_EQ(as_role.scalar("SELECT " + s("release_leadership") + "('w', 1)"), "t");
+  EXPECT_EQ(as_role.query("UPDATE " + s("leadership") + " SET holder = 'w'").sqlstate, "42501");
+  EXPECT_EQ(as_role.query("SELECT * FROM " + s("leadership")).sqlstate, "42501");
+}
+
 TEST_F(security, worker_can_register_and_await_callbacks_and_read_checkpoints) {
   grant(tenure::postgres::grant_kind::worker);
   admin_.exec("SELECT " + s("enqueue") + "('k')");
