@@ -152,8 +152,8 @@ TEST_F(signals_pg, a_leader_whose_lease_was_taken_over_rescues_nothing_until_it_
   // attempt of a silent worker becomes stale (staleness 600 ms).
   db_.exec("UPDATE " + s("leadership") +
            " SET holder = 'thief', term = term + 1, expires_at = clock_timestamp() + interval '1 hour'");
-  const auto id = enqueue("noop");
-  ASSERT_EQ(db_.exec("SELECT job_id FROM " + s("claim") + "('default')").rows.size(), 1u);
+  const auto id = enqueue("noop", "{}", "elsewhere");  // a queue A does not serve
+  ASSERT_EQ(db_.exec("SELECT job_id FROM " + s("claim") + "('elsewhere')").rows.size(), 1u);
   ASSERT_TRUE(eventually([&] { return !a.metrics().leader; }, 5s)) << "A still acts as leader";
   std::this_thread::sleep_for(1500ms);
   EXPECT_EQ(db_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {id}), "running")
@@ -161,7 +161,7 @@ TEST_F(signals_pg, a_leader_whose_lease_was_taken_over_rescues_nothing_until_it_
   EXPECT_EQ(a.metrics().rescued, 0u);
   // The thief's lease ends: A takes it with a newer term and rescues the attempt.
   db_.exec("UPDATE " + s("leadership") + " SET expires_at = clock_timestamp()");
-  ASSERT_TRUE(eventually([&] { return db_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {id}) == "completed"; },
+  ASSERT_TRUE(eventually([&] { return db_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {id}) == "available"; },
                          10s));
   EXPECT_TRUE(a.metrics().leader);
   EXPECT_EQ(a.metrics().leader_term, std::stoll(db_.scalar("SELECT term FROM " + s("leadership"))));
