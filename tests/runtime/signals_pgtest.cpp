@@ -141,5 +141,33 @@ TEST_F(signals_pg, a_stopping_leader_releases_its_lease_so_the_next_worker_leads
   b.stop();
 }
 
+TEST_F(signals_pg, a_leader_whose_lease_was_taken_over_rescues_nothing_until_it_leads_again) {
+  auto made = runtime::create(fast_config(), open_store(), port(schema_.dsn(), "signals-a"));
+  ASSERT_TRUE(made);
+  auto& a = *made.value();
+  a.handle("noop", [](job_context&) { return job_outcome::completed(); });
+  ASSERT_TRUE(a.start());
+  ASSERT_TRUE(eventually([&] { return a.metrics().leader; }, 5s));
+  // Another holder takes the lease over (as after A's lease expired while A was paused), and an
+  // attempt of a silent worker becomes stale (staleness 600 ms).
+  db_.exec("UPDATE " + s("leadership") +
+           " SET holder = 'thief', term = term + 1, expires_at = clock_timestamp() + interval '1 hour'");
+  const auto id = enqueue("noop", "{}", "elsewhere");  // a queue A does not serve
+  ASSERT_EQ(db_.exec("SELECT job_id FROM " + s("claim") + "('elsewhere')").rows.size(), 1u);
+  ASSERT_TRUE(eventually([&] { return !a.metrics().leader; }, 5s)) << "A still acts as leader";
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_EQ(db_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {id}), "running")
+      << "A rescued although it no longer held the lease";
+  EXPECT_EQ(a.metrics().rescued, 0u);
+  // The thief's lease ends: A takes it with a newer term and rescues the attempt.
+  db_.exec("UPDATE " + s("leadership") + " SET expires_at = clock_timestamp()");
+  ASSERT_TRUE(eventually([&] { return db_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {id}) == "available"; },
+                         10s));
+  EXPECT_TRUE(a.metrics().leader);
+  EXPECT_EQ(a.metrics().leader_term, std::stoll(db_.scalar("SELECT term FROM " + s("leadership"))));
+  EXPECT_EQ(a.metrics().rescued, 1u);
+  a.stop();
+}
+
 }  // namespace
 }  // namespace tenure::test
