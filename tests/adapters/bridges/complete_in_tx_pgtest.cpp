@@ -490,7 +490,8 @@ TEST(complete_in_tx_guard, pqxx_refuses_a_nontransaction) {
 TEST(complete_in_tx_guard, soci_refuses_a_session_outside_a_transaction) {
   scoped_schema schema{"cit"};
   soci::session session(soci::postgresql, tenure::test::keyword_dsn(schema.dsn()));
-  auto r = tenure::complete_in_tx(session, finalization_token{{.job_id = 1, .run_lease = 1}, {}}, {.schema = schema.name()});
+  auto r = tenure::complete_in_tx(session, finalization_token{{.job_id = 1, .run_lease = 1}, {}},
+                                  {.schema = schema.name()});
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error(), errc::protocol_error);
 }

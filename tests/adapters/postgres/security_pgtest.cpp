@@ -125,7 +125,8 @@ TEST_F(security, a_finalizer_cannot_complete_or_detect_running_jobs_by_enumerati
   const std::string running[] = {claimed.at(0, 0), claimed.at(1, 0)};
   const std::string finished = claimed.at(2, 0);
   const std::string& token_2 = claimed.at(1, 2);
-  const std::string secret_of_job_2 = token_2.size() > 32 ? token_2.substr(token_2.size() - 32) : std::string(32, 'f');
+  const std::string secret_of_job_2 =
+      token_2.size() > 32 ? token_2.substr(token_2.size() - 32) : std::string(32, 'f');
 
   pg as_role{tenure::test::dsn_with_user(schema_.dsn(), role_)};
   const std::regex numbers{"[0-9]+"};
