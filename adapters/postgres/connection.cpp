@@ -7,6 +7,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "tenure/log.hpp"
+
 namespace tenure::postgres {
 namespace detail {
 
@@ -92,7 +94,7 @@ result<std::unique_ptr<connection>> connection::open(const std::string& dsn, std
   }
   // Server NOTICEs go to the log at debug level, never to the program's stderr.
   PQsetNoticeProcessor(
-      c, [](void*, const char* message) { spdlog::debug("tenure.pg: server notice: {}", one_line(message)); },
+      c, [](void*, const char* message) { tenure::logger()->debug("tenure.pg: server notice: {}", one_line(message)); },
       nullptr);
   std::unique_ptr<connection> conn{new connection(c, lock_timeout, session_use::none)};
   if (use == session_use::keep) {
@@ -138,16 +140,16 @@ result<rows> connection::check(PGresult* r, const char* name, effect e, std::str
   if (detail) *detail = msg;
   if (state.empty() || PQstatus(conn_) != CONNECTION_OK) {
     // No SQLSTATE: the connection broke. A write may already have been applied.
-    spdlog::warn("tenure.pg: statement {} lost its connection: {}", name, msg);
+    tenure::logger()->warn("tenure.pg: statement {} lost its connection: {}", name, msg);
     return e == effect::write ? errc::commit_in_doubt : errc::database_unavailable;
   }
   const errc code = errc_from_sqlstate(state);
   if (code == errc::database_error) {
-    spdlog::error("tenure.pg: statement {} failed with SQLSTATE {}: {}", name, state, msg);
+    tenure::logger()->error("tenure.pg: statement {} failed with SQLSTATE {}: {}", name, state, msg);
   } else if (code == errc::database_unavailable && e == effect::write && PQstatus(conn_) != CONNECTION_OK) {
     // Server shutting down or the backend was terminated while our statement ran, and the
     // session went with it: a write may have committed before the answer was lost.
-    spdlog::warn("tenure.pg: statement {} interrupted (SQLSTATE {}): {}", name, state, msg);
+    tenure::logger()->warn("tenure.pg: statement {} interrupted (SQLSTATE {}): {}", name, state, msg);
     return errc::commit_in_doubt;
   }
   // Otherwise the server answered with an error on a live session (a read-only standby after a
@@ -172,7 +174,7 @@ result<rows> connection::exec(const statement& st, const std::vector<param>& par
     // text cannot hold one anyway, so the value is refused (as 22021 would be), never truncated.
     if (p && p->find('\0') != std::string::npos) {
       if (detail) *detail = "a text value contains a NUL character, which PostgreSQL cannot store";
-      spdlog::warn("tenure.pg: statement {} not sent: a parameter contains a NUL character", st.name);
+      tenure::logger()->warn("tenure.pg: statement {} not sent: a parameter contains a NUL character", st.name);
       return errc::invalid_argument;
     }
     values.push_back(p ? p->c_str() : nullptr);
@@ -221,7 +223,7 @@ result<rows> connection::exec_unnamed(const statement& st, const std::vector<con
   }
   if (PQexitPipelineMode(conn_) != 1) {
     // Results still pending (a send failed half way): a connection in that state is not reused.
-    spdlog::warn("tenure.pg: statement {}: connection left in pipeline mode, closing it", st.name);
+    tenure::logger()->warn("tenure.pg: statement {}: connection left in pipeline mode, closing it", st.name);
     PQfinish(conn_);
     conn_ = nullptr;
     if (detail) *detail = "connection left in pipeline mode";
@@ -237,7 +239,7 @@ result<rows> connection::exec_unnamed(const statement& st, const std::vector<con
   }
   if (got.size() != 2) {
     if (detail) *detail = "unexpected answer to a pipelined statement";
-    spdlog::error("tenure.pg: statement {}: {} results in its pipeline, expected 2", st.name, got.size());
+    tenure::logger()->error("tenure.pg: statement {}: {} results in its pipeline, expected 2", st.name, got.size());
     return errc::database_error;
   }
   return rows{got[1].release()};

@@ -3,6 +3,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "tenure/log.hpp"
+
 #include "connection.hpp"
 #include "migrations.hpp"
 
@@ -266,7 +268,7 @@ result<int> detail::migrate_up_to(std::string_view dsn, std::string_view schema,
       if (detail) *detail = "migration " + std::string{m.name} + " failed: " + *detail;
       return applied.error();
     }
-    spdlog::info("tenure: applied migration {} to schema {}", m.name, s);
+    tenure::logger()->info("tenure: applied migration {} to schema {}", m.name, s);
   }
   auto commit = c->exec_script("COMMIT", effect::write, detail);
   if (!commit) return commit.error();

@@ -5,6 +5,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "tenure/log.hpp"
+
 #include "connection.hpp"
 
 namespace tenure::postgres::detail {
@@ -78,7 +80,7 @@ result<void> require_session(const std::string& dsn, const std::string& applicat
         "Connect the runtime directly to PostgreSQL or through a session-mode pool; producers, finalizers "
         "and the tenure command work through transaction pooling";
   }
-  spdlog::error("tenure.pg: {}", detail ? *detail : std::string{"the runtime's connection has no session of its own"});
+  tenure::logger()->error("tenure.pg: {}", detail ? *detail : std::string{"the runtime's connection has no session of its own"});
   return errc::invalid_argument;
 }
 

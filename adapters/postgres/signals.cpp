@@ -6,6 +6,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "tenure/log.hpp"
+
 #include "connection.hpp"
 #include "sdk/signal_port.hpp"
 #include "tenure/postgres/runtime.hpp"
@@ -27,13 +29,13 @@ class pg_signal_port final : public sdk::signal_port {
     std::string why;
     auto c = connection::open(dsn_, &why, app_);
     if (!c) {
-      spdlog::debug("tenure.pg: signal session: {}", why);
+      tenure::logger()->debug("tenure.pg: signal session: {}", why);
       return c.error();
     }
     conn_ = std::move(c).value();
     auto listened = bounded("LISTEN " + schema_ + "_wake; LISTEN " + schema_ + "_cancel; LISTEN " + schema_ + "_callback");
     if (!listened) {
-      spdlog::warn("tenure.pg: LISTEN failed: {}", listened.error().message());
+      tenure::logger()->warn("tenure.pg: LISTEN failed: {}", listened.error().message());
       conn_.reset();
       return listened.error();
     }
@@ -79,7 +81,7 @@ class pg_signal_port final : public sdk::signal_port {
     try {
       auto r = bounded("SELECT " + schema_ + ".release_leadership(" + conn_->quote_literal(holder) + ", " +
                        std::to_string(term) + ")");
-      if (r && r.value() == "t") spdlog::info("tenure.pg: maintenance lease of term {} released", term);
+      if (r && r.value() == "t") tenure::logger()->info("tenure.pg: maintenance lease of term {} released", term);
     } catch (...) {
       // Best effort: a lease not released expires.
     }
@@ -104,7 +106,7 @@ class pg_signal_port final : public sdk::signal_port {
         PGresult* r = PQgetResult(c);
         if (r == nullptr) {
           if (!error.empty()) {
-            spdlog::warn("tenure.pg: signal session statement failed: {}", error);
+            tenure::logger()->warn("tenure.pg: signal session statement failed: {}", error);
             return errc::database_error;
           }
           return value;
@@ -142,7 +144,7 @@ class pg_signal_port final : public sdk::signal_port {
       } else if (channel == schema_ + "_cancel" || channel == schema_ + "_callback") {
         s.what = channel == schema_ + "_callback" ? sdk::signal::kind::resume : sdk::signal::kind::cancel;
         if (!parse_attempt(payload, s.attempt)) {
-          spdlog::debug("tenure.pg: ignoring a malformed notification on {} ({} bytes)", channel, payload.size());
+          tenure::logger()->debug("tenure.pg: ignoring a malformed notification on {} ({} bytes)", channel, payload.size());
           continue;
         }
       } else {
@@ -166,7 +168,7 @@ class pg_signal_port final : public sdk::signal_port {
 
   std::error_code lost(std::string why = {}) {
     if (why.empty()) why = detail::one_line(PQerrorMessage(conn_->native()));
-    spdlog::warn("tenure.pg: signal session lost{}: {}", leader_ ? " (the maintenance lease is no longer renewed)" : "", why);
+    tenure::logger()->warn("tenure.pg: signal session lost{}: {}", leader_ ? " (the maintenance lease is no longer renewed)" : "", why);
     conn_.reset();
     leader_ = false;
     return errc::database_unavailable;

@@ -5,6 +5,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "tenure/log.hpp"
+
 #include "connection.hpp"
 #include "tenure/postgres/schema.hpp"
 
@@ -113,7 +115,7 @@ struct store::impl {
       if (!freed.wait_for(lock, opt.acquire_timeout, [&] {
             return !idle.empty() || borrowed + static_cast<int>(idle.size()) < opt.pool_size;
           })) {
-        spdlog::warn("tenure.pg: no free connection after {} ms (pool size {})",
+        tenure::logger()->warn("tenure.pg: no free connection after {} ms (pool size {})",
                      opt.acquire_timeout.count(), opt.pool_size);
         return errc::database_unavailable;
       }
@@ -133,7 +135,7 @@ struct store::impl {
       std::string why;
       auto opened = open_connection(&why);
       if (!opened) {
-        spdlog::warn("tenure.pg: {}", why);
+        tenure::logger()->warn("tenure.pg: {}", why);
         give_back(nullptr);
         return opened.error();
       }
@@ -162,6 +164,7 @@ store::~store() = default;
 const store_options& store::options() const noexcept { return impl_->opt; }
 
 result<std::unique_ptr<store>> store::open(store_options options, std::string* detail) {
+  if (options.logger) set_logger(options.logger);
   if (!valid_schema_name(options.schema)) {
     if (detail) *detail = "invalid schema name '" + options.schema + "'";
     return errc::invalid_argument;
@@ -179,7 +182,7 @@ result<std::unique_ptr<store>> store::open(store_options options, std::string* d
       p->opt.pool_mode = pool_mode::session;
       if (auto kept = c.value()->keep_session(detail); !kept) return kept.error();
     }
-    spdlog::debug("tenure.pg: store for schema {}: {}", p->opt.schema,
+    tenure::logger()->debug("tenure.pg: store for schema {}: {}", p->opt.schema,
                   pooled.value() ? "a pooler sits between, so no named statement or session setting is used"
                                  : "a direct session, statements prepared by name");
   }
@@ -278,7 +281,7 @@ result<std::vector<claimed_attempt>> store::claim(std::string_view queue, int ma
     auto secret = rows.is_null(i, 7) ? result<attempt_secret>{errc::protocol_error}
                                      : attempt_secret::parse(rows.text(i, 7));
     if (!secret) {
-      spdlog::error("tenure: claim: job {} lease {} came back without a valid attempt secret", a.attempt.job_id,
+      tenure::logger()->error("tenure: claim: job {} lease {} came back without a valid attempt secret", a.attempt.job_id,
                     a.attempt.run_lease);
       return errc::protocol_error;
     }

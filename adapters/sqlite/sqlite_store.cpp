@@ -18,6 +18,8 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "tenure/log.hpp"
+
 namespace tenure::sqlite {
 namespace detail {
 
@@ -215,10 +217,10 @@ std::error_code map_current_exception() noexcept {
     throw;
   } catch (const soci::sqlite3_soci_error& e) {
     const auto ec = map_sqlite_code(e.result());
-    if (ec != errc::transient_conflict) spdlog::warn("tenure.sqlite: {}", e.what());
+    if (ec != errc::transient_conflict) tenure::logger()->warn("tenure.sqlite: {}", e.what());
     return ec;
   } catch (const std::exception& e) {
-    spdlog::warn("tenure.sqlite: {}", e.what());
+    tenure::logger()->warn("tenure.sqlite: {}", e.what());
     return errc::database_error;
   } catch (...) {
     return errc::database_error;

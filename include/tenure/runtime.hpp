@@ -20,6 +20,7 @@
 
 #include "tenure/finalization.hpp"
 #include "tenure/job.hpp"
+#include "tenure/log.hpp"
 #include "tenure/result.hpp"
 #include "tenure/token.hpp"
 
@@ -91,6 +92,10 @@ struct runtime_config {
   /// Serve Prometheus text at http://metrics_address:metrics_port/metrics when set.
   std::optional<std::uint16_t> metrics_port;
   std::string metrics_address = "127.0.0.1";
+  /// When set, runtime::create() makes it tenure's logger (tenure::set_logger: process-wide).
+  /// Default: the logger named "tenure" on stderr, level info. The library never logs to the
+  /// application's default spdlog logger nor to stdout.
+  std::shared_ptr<spdlog::logger> logger;
 };
 
 /// What a handler decided. Build with the static functions.

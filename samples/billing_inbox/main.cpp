@@ -295,7 +295,8 @@ int main(int argc, char** argv) {
   const std::string who = cfg.role == "worker" && !cfg.worker_name.empty() ? cfg.worker_name : cfg.role;
   logger->set_pattern("%H:%M:%S.%e " + who + " %^%l%$ %v");
   logger->set_level(level);
-  spdlog::set_default_logger(logger);  // tenure's runtime logs through the default logger too
+  spdlog::set_default_logger(logger);
+  tenure::set_logger(logger);  // tenure logs to its own logger: the same lines, the same sink
   try {
     return run(std::move(cfg));
   } catch (const std::exception& e) {

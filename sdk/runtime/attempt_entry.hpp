@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "tenure/log.hpp"
+
 #include "sdk/runtime/storable.hpp"
 #include "tenure/job.hpp"
 #include "sdk/storage_port.hpp"
@@ -105,7 +107,7 @@ struct attempt_entry {
     bool replaced = false;
     auto text = storable_json_text(v, &replaced);
     if (replaced) {
-      spdlog::warn("tenure: {} of job {} lease {} queue {} held NUL characters or invalid UTF-8; stored with U+FFFD "
+      tenure::logger()->warn("tenure: {} of job {} lease {} queue {} held NUL characters or invalid UTF-8; stored with U+FFFD "
                    "in their place (PostgreSQL cannot store them)",
                    what, claim.attempt.job_id, claim.attempt.run_lease, claim.queue);
     }

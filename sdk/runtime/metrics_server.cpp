@@ -7,6 +7,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "tenure/log.hpp"
+
 namespace tenure::detail {
 
 namespace asio = boost::asio;
@@ -69,7 +71,7 @@ class session : public std::enable_shared_from_this<session> {
       try {
         res->body() = st_.render();
       } catch (const std::exception& e) {
-        spdlog::error("tenure: rendering metrics failed: {}", e.what());
+        tenure::logger()->error("tenure: rendering metrics failed: {}", e.what());
         res->result(http::status::internal_server_error);
         res->body() = "metrics unavailable\n";
       }
@@ -103,7 +105,7 @@ void accept_loop(metrics_server::state* st) {
       // Out of file descriptors (EMFILE), ...: the pending connection stays queued, so accepting
       // again at once would fail at once, spinning a core. Pause; say so once per episode.
       if (!st->accept_paused) {
-        spdlog::warn("tenure: metrics server cannot accept connections ({}); pausing accepts for {} ms at a time",
+        tenure::logger()->warn("tenure: metrics server cannot accept connections ({}); pausing accepts for {} ms at a time",
                      ec.message(), k_accept_pause.count());
       }
       st->accept_paused = true;
@@ -113,7 +115,7 @@ void accept_loop(metrics_server::state* st) {
       });
       return;
     }
-    if (st->accept_paused) spdlog::info("tenure: metrics server accepting connections again");
+    if (st->accept_paused) tenure::logger()->info("tenure: metrics server accepting connections again");
     st->accept_paused = false;
     if (st->connections >= k_max_connections) {
       beast::error_code ignored;
@@ -134,7 +136,7 @@ result<std::unique_ptr<metrics_server>> metrics_server::start(const std::string&
   beast::error_code ec;
   const auto addr = asio::ip::make_address(address, ec);
   if (ec) {
-    spdlog::error("tenure: bad metrics address '{}': {}", address, ec.message());
+    tenure::logger()->error("tenure: bad metrics address '{}': {}", address, ec.message());
     return errc::invalid_argument;
   }
   const tcp::endpoint ep{addr, port};
@@ -143,7 +145,7 @@ result<std::unique_ptr<metrics_server>> metrics_server::start(const std::string&
   if (!ec) st->acceptor.bind(ep, ec);
   if (!ec) st->acceptor.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
-    spdlog::error("tenure: cannot serve metrics on {}:{}: {}", address, port, ec.message());
+    tenure::logger()->error("tenure: cannot serve metrics on {}:{}: {}", address, port, ec.message());
     return errc::invalid_argument;
   }
   std::unique_ptr<metrics_server> server{new metrics_server()};
@@ -154,10 +156,10 @@ result<std::unique_ptr<metrics_server>> metrics_server::start(const std::string&
     try {
       st->io.run();
     } catch (const std::exception& e) {
-      spdlog::error("tenure: metrics server stopped: {}", e.what());
+      tenure::logger()->error("tenure: metrics server stopped: {}", e.what());
     }
   });
-  spdlog::info("tenure: metrics on http://{}:{}/metrics", address, server->port_);
+  tenure::logger()->info("tenure: metrics on http://{}:{}/metrics", address, server->port_);
   return server;
 }
 

@@ -29,6 +29,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "tenure/log.hpp"
+
 #include "sdk/runtime/attempt_entry.hpp"
 #include "sdk/runtime/batcher.hpp"
 #include "sdk/runtime/metrics_server.hpp"
@@ -208,10 +210,10 @@ struct runtime::impl {
       try {
         h(ev);
       } catch (const std::exception& ex) {
-        spdlog::error("tenure: lifecycle hook threw on {} job {} lease {}: {}", to_string(e), c.attempt.job_id,
+        tenure::logger()->error("tenure: lifecycle hook threw on {} job {} lease {}: {}", to_string(e), c.attempt.job_id,
                       c.attempt.run_lease, ex.what());
       } catch (...) {
-        spdlog::error("tenure: lifecycle hook threw a non-standard exception on {} job {} lease {}", to_string(e),
+        tenure::logger()->error("tenure: lifecycle hook threw a non-standard exception on {} job {} lease {}", to_string(e),
                       c.attempt.job_id, c.attempt.run_lease);
       }
     }
@@ -257,7 +259,7 @@ struct runtime::impl {
       q.free += asked;
       m.database_errors.fetch_add(1, std::memory_order_relaxed);
       q.error_backoff = next_backoff(q.error_backoff);
-      spdlog::warn("tenure: claim on queue {} failed ({}); retrying in {} ms", q.opt.name, r.error().message(),
+      tenure::logger()->warn("tenure: claim on queue {} failed ({}); retrying in {} ms", q.opt.name, r.error().message(),
                    q.error_backoff.count());
       if (!stopping) arm_queue_timer(q, std::min(q.error_backoff, cfg.poll_interval));
       return;
@@ -306,10 +308,10 @@ struct runtime::impl {
           [this, c = std::move(c)](result<void> r) {
             --outstanding_ops;
             if (r) {
-              spdlog::info("tenure: job {} lease {} queue {} was claimed as the runtime stopped; given back", c.attempt.job_id,
+              tenure::logger()->info("tenure: job {} lease {} queue {} was claimed as the runtime stopped; given back", c.attempt.job_id,
                            c.attempt.run_lease, c.queue);
             } else {
-              spdlog::warn("tenure: job {} lease {} queue {} was claimed as the runtime stopped and could not be given "
+              tenure::logger()->warn("tenure: job {} lease {} queue {} was claimed as the runtime stopped and could not be given "
                            "back ({}); it stays open and is rescued after staleness",
                            c.attempt.job_id, c.attempt.run_lease, c.queue, r.error().message());
             }
@@ -373,7 +375,7 @@ struct runtime::impl {
     if (it == handlers.end()) {
       // No handler here for this kind: give the attempt back (snooze) so a worker that has one
       // can take it, without spending an attempt.
-      spdlog::error("tenure: no handler for kind '{}' (job {} lease {} queue {}); snoozing it 60 s", a.kind,
+      tenure::logger()->error("tenure: no handler for kind '{}' (job {} lease {} queue {}); snoozing it 60 s", a.kind,
                     a.attempt.job_id, a.attempt.run_lease, a.queue);
       on_outcome(entry, job_outcome::snooze(milliseconds{60'000}));
       return;
@@ -492,7 +494,7 @@ struct runtime::impl {
     entry->done_at = steady_clock::now();
     if (abandoning) {
       const auto& a = entry->claim;
-      spdlog::warn("tenure: job {} lease {} queue {} (caller-owned) exited after the shutdown timeout; not "
+      tenure::logger()->warn("tenure: job {} lease {} queue {} (caller-owned) exited after the shutdown timeout; not "
                    "reconciled here, its attempt is settled by its own transaction or by rescue",
                    a.attempt.job_id, a.attempt.run_lease, a.queue);
       release(entry);
@@ -530,14 +532,14 @@ struct runtime::impl {
               if (batch.size() > 5) jobs += ", ...";
               for (auto& p : batch) check_capacity(p.entry);
               if (abandoning) {
-                spdlog::error("tenure: no evidence before shutdown for {} attempt(s) (job/lease {}): {}; they are "
+                tenure::logger()->error("tenure: no evidence before shutdown for {} attempt(s) (job/lease {}): {}; they are "
                               "settled by their own transactions or by rescue",
                               batch.size(), jobs, why);
                 evidence.answered();
                 for (auto& p : batch) release(p.entry);
                 return;
               }
-              spdlog::warn("tenure: reconciling {} attempt(s) (job/lease {}) failed ({}); retrying in {} ms", batch.size(),
+              tenure::logger()->warn("tenure: reconciling {} attempt(s) (job/lease {}) failed ({}); retrying in {} ms", batch.size(),
                            jobs, why, reconcile_backoff.count());
               evidence.put_back(std::move(batch));  // further reads wait for the retry
               retry_later(reconcile_backoff, [this] { evidence.retry(); });
@@ -559,7 +561,7 @@ struct runtime::impl {
         // Case 1: durable state wins, whatever the handler said.
         if (exit.what != handler_exit::how::receipt && exit.what != handler_exit::how::flushed) {
           m.protocol_warnings.fetch_add(1, std::memory_order_relaxed);
-          spdlog::warn("tenure: protocol: job {} lease {} queue {} is durably completed by this attempt but its "
+          tenure::logger()->warn("tenure: protocol: job {} lease {} queue {} is durably completed by this attempt but its "
                        "handler {} ({}); accepting the completion",
                        c.attempt.job_id, c.attempt.run_lease, c.queue, to_text(exit.what), exit.message);
         }
@@ -577,7 +579,7 @@ struct runtime::impl {
         job_outcome outcome = job_outcome::retry(exit.message);
         if (exit.what == handler_exit::how::receipt) {
           m.protocol_warnings.fetch_add(1, std::memory_order_relaxed);
-          spdlog::error("tenure: protocol: job {} lease {} queue {}: the handler returned a receipt but the attempt "
+          tenure::logger()->error("tenure: protocol: job {} lease {} queue {}: the handler returned a receipt but the attempt "
                         "is still open (its transaction did not commit){}; retrying it",
                         c.attempt.job_id, c.attempt.run_lease, c.queue, exit.message.empty() ? "" : ", " + exit.message);
           outcome = job_outcome::retry("protocol error: receipt without a durable completion");
@@ -628,7 +630,7 @@ struct runtime::impl {
             : fmt::format("the database last confirmed it live {} ms ago, past its staleness of {} ms (another "
                           "worker may rescue it now); its handler returned {} ms ago",
                           ms(now - entry->last_live), ms(staleness()), ms(now - *entry->done_at));
-    spdlog::warn("tenure: job {} lease {} queue {}: {}; releasing its capacity permit, still {} (nothing is "
+    tenure::logger()->warn("tenure: job {} lease {} queue {}: {}; releasing its capacity permit, still {} (nothing is "
                  "written without evidence)",
                  c.attempt.job_id, c.attempt.run_lease, c.queue, why,
                  entry->caller_owned ? "reconciling" : "retrying");
@@ -672,7 +674,7 @@ struct runtime::impl {
     entry->done_at = steady_clock::now();
     const auto& a = entry->claim;
     if (abandoning) {
-      spdlog::warn("tenure: job {} lease {} queue {} finished after the shutdown timeout; its attempt stays "
+      tenure::logger()->warn("tenure: job {} lease {} queue {} finished after the shutdown timeout; its attempt stays "
                    "open for rescue",
                    a.attempt.job_id, a.attempt.run_lease, a.queue);
       release(entry);
@@ -724,13 +726,13 @@ struct runtime::impl {
               case job_state::retryable:
                 m.retried.fetch_add(1, std::memory_order_relaxed);
                 emit(lifecycle_event::retried, c, outcome.message());
-                spdlog::info("tenure: job {} lease {} queue {} will retry: {}", c.attempt.job_id,
+                tenure::logger()->info("tenure: job {} lease {} queue {} will retry: {}", c.attempt.job_id,
                              c.attempt.run_lease, c.queue, outcome.message());
                 break;
               case job_state::failed:
                 m.failed.fetch_add(1, std::memory_order_relaxed);
                 emit(lifecycle_event::failed, c, outcome.message());
-                spdlog::warn("tenure: job {} lease {} queue {} failed: {}", c.attempt.job_id, c.attempt.run_lease,
+                tenure::logger()->warn("tenure: job {} lease {} queue {} failed: {}", c.attempt.job_id, c.attempt.run_lease,
                              c.queue, outcome.message());
                 break;
               case job_state::scheduled:
@@ -758,7 +760,7 @@ struct runtime::impl {
           }
           if (r.error() == errc::stale_attempt) {
             m.stale_rejected.fetch_add(1, std::memory_order_relaxed);
-            spdlog::debug("tenure: stale outcome discarded for job {} lease {} queue {}", c.attempt.job_id,
+            tenure::logger()->debug("tenure: stale outcome discarded for job {} lease {} queue {}", c.attempt.job_id,
                           c.attempt.run_lease, c.queue);
             release(entry);
             return;
@@ -767,7 +769,7 @@ struct runtime::impl {
           if (r.error() == errc::invalid_argument) {
             // Refused for good (the same write would be refused on every retry): nothing is
             // written, and the attempt is left to rescue, which retries it by the queue's policy.
-            spdlog::error("tenure: the database refused the {} outcome of job {} lease {} queue {} as invalid; not "
+            tenure::logger()->error("tenure: the database refused the {} outcome of job {} lease {} queue {} as invalid; not "
                           "retrying it: the attempt stays open and is rescued after staleness",
                           to_text(kind), c.attempt.job_id, c.attempt.run_lease, c.queue);
             release(entry);
@@ -779,14 +781,14 @@ struct runtime::impl {
           if (r.error() == errc::commit_in_doubt) entry->in_doubt = true;
           check_capacity(entry);
           if (abandoning) {
-            spdlog::error("tenure: could not record the {} outcome of job {} lease {} queue {} before shutdown "
+            tenure::logger()->error("tenure: could not record the {} outcome of job {} lease {} queue {} before shutdown "
                           "({}); the attempt stays open for rescue",
                           kind == job_outcome::kind::retry ? "retry" : "final", c.attempt.job_id,
                           c.attempt.run_lease, c.queue, r.error().message());
             release(entry);
             return;
           }
-          spdlog::warn("tenure: recording outcome of job {} lease {} failed ({}); retrying in {} ms",
+          tenure::logger()->warn("tenure: recording outcome of job {} lease {} failed ({}); retrying in {} ms",
                        c.attempt.job_id, c.attempt.run_lease, r.error().message(), next.count());
           retry_later(next, [this, entry, outcome, next]() mutable { apply_outcome(entry, std::move(outcome), next); });
         });
@@ -834,7 +836,7 @@ struct runtime::impl {
       m.flush_failures.fetch_add(1, std::memory_order_relaxed);
       m.database_errors.fetch_add(1, std::memory_order_relaxed);
       if (batch.size() > 1) {
-        spdlog::warn("tenure: the database refused a completion flush of {} as invalid; flushing them one by one",
+        tenure::logger()->warn("tenure: the database refused a completion flush of {} as invalid; flushing them one by one",
                      batch.size());
         completions.put_back_one_by_one(std::move(batch));
         completions.retry();
@@ -843,7 +845,7 @@ struct runtime::impl {
       completions.answered();
       m.pending_completions.fetch_sub(1, std::memory_order_relaxed);
       const auto& c = batch.front().entry->claim;
-      spdlog::error("tenure: the database refused the completion of job {} lease {} queue {} as invalid; not retrying "
+      tenure::logger()->error("tenure: the database refused the completion of job {} lease {} queue {} as invalid; not retrying "
                     "it: the attempt stays open and is rescued after staleness",
                     c.attempt.job_id, c.attempt.run_lease, c.queue);
       release(batch.front().entry);
@@ -861,7 +863,7 @@ struct runtime::impl {
         check_capacity(p.entry);
       }
       flush_backoff = next_backoff(flush_backoff);
-      spdlog::warn("tenure: completion flush of {} failed ({}); retrying in {} ms", batch.size(),
+      tenure::logger()->warn("tenure: completion flush of {} failed ({}); retrying in {} ms", batch.size(),
                    r.error().message(), flush_backoff.count());
       completions.put_back(std::move(batch));  // further flushes wait for the retry
       auto t = std::make_shared<asio::steady_timer>(ctl, flush_backoff);
@@ -904,7 +906,7 @@ struct runtime::impl {
   void discard_stale(const entry_ptr& entry) {
     const auto& c = entry->claim;
     m.stale_rejected.fetch_add(1, std::memory_order_relaxed);
-    spdlog::debug("tenure: stale completion discarded for job {} lease {} queue {}", c.attempt.job_id,
+    tenure::logger()->debug("tenure: stale completion discarded for job {} lease {} queue {}", c.attempt.job_id,
                   c.attempt.run_lease, c.queue);
     release(entry);
   }
@@ -943,11 +945,11 @@ struct runtime::impl {
             heartbeat_running = false;
             if (!r) {
               m.database_errors.fetch_add(1, std::memory_order_relaxed);
-              spdlog::warn("tenure: heartbeat of {} attempts failed: {}", entries.size(), r.error().message());
+              tenure::logger()->warn("tenure: heartbeat of {} attempts failed: {}", entries.size(), r.error().message());
               if (r.error() == errc::invalid_argument && !progress.empty()) {
                 // Refused for good: the progress it carried would be refused again with every
                 // later heartbeat, so it is dropped; the next heartbeat goes without it.
-                spdlog::error("tenure: the database refused the progress carried by a heartbeat as invalid; "
+                tenure::logger()->error("tenure: the database refused the progress carried by a heartbeat as invalid; "
                               "dropping it so heartbeats go on");
                 done();
                 return;
@@ -967,7 +969,7 @@ struct runtime::impl {
               if (e->handler_done || !in_flight.contains(e->claim.attempt)) continue;
               if (!live.contains(e->claim.attempt) && !e->is_cancelled()) {
                 const auto& c = e->claim;
-                spdlog::warn("tenure: job {} lease {} queue {} is no longer live (rescued or cancelled); "
+                tenure::logger()->warn("tenure: job {} lease {} queue {} is no longer live (rescued or cancelled); "
                              "cancelling its handler",
                              c.attempt.job_id, c.attempt.run_lease, c.queue);
                 e->cancel();
@@ -1004,7 +1006,7 @@ struct runtime::impl {
     std::lock_guard lock(lead_mu);
     const auto until = asked + lease_ttl();
     if (term != lead_term && until > steady_clock::now()) {
-      spdlog::info("tenure: worker {} is now the maintenance leader (term {})", cfg.worker_id, term);
+      tenure::logger()->info("tenure: worker {} is now the maintenance leader (term {})", cfg.worker_id, term);
     }
     lead_term = term;
     lead_until = until;
@@ -1014,7 +1016,7 @@ struct runtime::impl {
   void drop_lease(std::int64_t term, const std::string& why) {
     std::lock_guard lock(lead_mu);
     if (lead_term == 0 || (term != 0 && term != lead_term)) return;
-    spdlog::warn("tenure: worker {} is no longer the maintenance leader (term {}): {}", cfg.worker_id, lead_term, why);
+    tenure::logger()->warn("tenure: worker {} is no longer the maintenance leader (term {}): {}", cfg.worker_id, lead_term, why);
     lead_term = 0;
   }
 
@@ -1024,7 +1026,7 @@ struct runtime::impl {
     std::lock_guard lock(lead_mu);
     if (lead_term == 0) return std::nullopt;
     if (steady_clock::now() < lead_until) return lead_term;
-    spdlog::warn("tenure: worker {} is no longer the maintenance leader (term {}): its lease ({} ms) expired before "
+    tenure::logger()->warn("tenure: worker {} is no longer the maintenance leader (term {}): its lease ({} ms) expired before "
                  "it was renewed",
                  cfg.worker_id, lead_term, lease_ttl().count());
     lead_term = 0;
@@ -1077,13 +1079,13 @@ struct runtime::impl {
           }
           if (!r) {
             m.database_errors.fetch_add(1, std::memory_order_relaxed);
-            spdlog::warn("tenure: maintenance failed: {}", r.error().message());
+            tenure::logger()->warn("tenure: maintenance failed: {}", r.error().message());
             done();
             return;
           }
           for (const auto& res : r.value()) {
             m.rescued.fetch_add(1, std::memory_order_relaxed);
-            spdlog::warn("tenure: rescued job {} lease {} queue {} (no heartbeat for {} ms or past its deadline) "
+            tenure::logger()->warn("tenure: rescued job {} lease {} queue {} (no heartbeat for {} ms or past its deadline) "
                          "-> {}",
                          res.attempt.job_id, res.attempt.run_lease, res.queue, staleness().count(),
                          tenure::to_string(res.new_state));
@@ -1146,7 +1148,7 @@ struct runtime::impl {
             if (!r || r.value().size() != entries.size()) {
               m.database_errors.fetch_add(1, std::memory_order_relaxed);
               cancel_check_backoff = next_backoff(cancel_check_backoff);
-              spdlog::warn("tenure: checking {} cancel notification(s) against the database failed ({}); retrying "
+              tenure::logger()->warn("tenure: checking {} cancel notification(s) against the database failed ({}); retrying "
                            "in {} ms (the heartbeat also finds attempts no longer live)",
                            entries.size(), r ? std::string{"answer of the wrong size"} : r.error().message(),
                            std::max(k_cancel_check_gap, cancel_check_backoff).count());
@@ -1159,12 +1161,12 @@ struct runtime::impl {
               const auto& e = entries[i];
               const auto& c = e->claim;
               if (r.value()[i] == sdk::attempt_evidence::open) {
-                spdlog::debug("tenure: cancel notification for job {} lease {} queue {} ignored: the attempt is "
+                tenure::logger()->debug("tenure: cancel notification for job {} lease {} queue {} ignored: the attempt is "
                               "still live", c.attempt.job_id, c.attempt.run_lease, c.queue);
                 continue;
               }
               if (e->handler_done || e->is_cancelled() || !in_flight.contains(c.attempt)) continue;
-              spdlog::info("tenure: job {} lease {} queue {} was cancelled or rescued; cancelling its handler",
+              tenure::logger()->info("tenure: job {} lease {} queue {} was cancelled or rescued; cancelling its handler",
                            c.attempt.job_id, c.attempt.run_lease, c.queue);
               e->cancel();
             }
@@ -1183,13 +1185,13 @@ struct runtime::impl {
         auto c = signals->connect();
         if (!c) {
           backoff = next_backoff(backoff);
-          spdlog::warn("tenure: LISTEN connection failed ({}); polling meanwhile, retrying in {} ms",
+          tenure::logger()->warn("tenure: LISTEN connection failed ({}); polling meanwhile, retrying in {} ms",
                        c.error().message(), backoff.count());
           const auto until = steady_clock::now() + backoff;
           while (!signal_stop.load() && steady_clock::now() < until) std::this_thread::sleep_for(milliseconds{20});
           continue;
         }
-        if (backoff.count() > 0) spdlog::info("tenure: LISTEN connection restored");
+        if (backoff.count() > 0) tenure::logger()->info("tenure: LISTEN connection restored");
         backoff = milliseconds{0};
         // Notifications sent while we were away are lost: look at every queue once.
         on_ctl([this] {
@@ -1276,6 +1278,7 @@ result<std::unique_ptr<runtime>> runtime::create(runtime_config config, std::sha
     if (detail) *detail = std::move(why);
     return errc::invalid_argument;
   };
+  if (config.logger) set_logger(config.logger);
   if (!store) return bad("no storage");
   if (config.queues.empty()) return bad("no queues configured");
   std::set<std::string> names;
@@ -1339,7 +1342,7 @@ result<std::unique_ptr<runtime>> runtime::create(runtime_config config, std::sha
 
 void runtime::handle(std::string kind, handler fn) {
   if (impl_->started) {
-    spdlog::error("tenure: handle('{}') after start() is ignored: register every handler before start()", kind);
+    tenure::logger()->error("tenure: handle('{}') after start() is ignored: register every handler before start()", kind);
     return;
   }
   impl_->owned_handlers.erase(kind);
@@ -1347,7 +1350,7 @@ void runtime::handle(std::string kind, handler fn) {
 }
 void runtime::handle_caller_owned(std::string kind, caller_owned_handler fn) {
   if (impl_->started) {
-    spdlog::error("tenure: handle_caller_owned('{}') after start() is ignored: register every handler before start()",
+    tenure::logger()->error("tenure: handle_caller_owned('{}') after start() is ignored: register every handler before start()",
                   kind);
     return;
   }
@@ -1357,7 +1360,7 @@ void runtime::handle_caller_owned(std::string kind, caller_owned_handler fn) {
 void runtime::on_event(event_hook hook) {
   if (impl_->started) {
     // The control thread reads the hooks without a lock once started.
-    spdlog::error("tenure: on_event() after start() is ignored: register every hook before start()");
+    tenure::logger()->error("tenure: on_event() after start() is ignored: register every hook before start()");
     return;
   }
   impl_->hooks.push_back(std::move(hook));
@@ -1369,7 +1372,7 @@ result<void> runtime::start() {
   auto& d = *impl_;
   if (d.started) return success();
   if (d.handlers.empty() && d.owned_handlers.empty()) {
-    spdlog::error("tenure: runtime::start() with no handler registered");
+    tenure::logger()->error("tenure: runtime::start() with no handler registered");
     return errc::invalid_argument;
   }
   for (const auto& q : d.cfg.queues) {
@@ -1381,7 +1384,7 @@ result<void> runtime::start() {
     if (q.backoff_cap) st.backoff_cap = std::chrono::duration_cast<sdk::microseconds>(*q.backoff_cap);
     auto written = d.store->configure_queue(q.name, st);
     if (!written) {
-      spdlog::error("tenure: cannot write the settings of queue {}: {}", q.name, written.error().message());
+      tenure::logger()->error("tenure: cannot write the settings of queue {}: {}", q.name, written.error().message());
       return written.error();
     }
   }
@@ -1402,7 +1405,7 @@ result<void> runtime::start() {
     d.arm_maintenance();
     d.arm_capacity_sweep();
   });
-  spdlog::info("tenure: runtime {} started on {} queue(s)", d.cfg.worker_id, d.queues.size());
+  tenure::logger()->info("tenure: runtime {} started on {} queue(s)", d.cfg.worker_id, d.queues.size());
   return success();
 }
 
@@ -1412,7 +1415,7 @@ void runtime::stop() noexcept {
     auto& d = *impl_;
     if (!d.started || d.stopped) return;
     d.stopped = true;
-    spdlog::info("tenure: runtime {} stopping: no new claims, draining", d.cfg.worker_id);
+    tenure::logger()->info("tenure: runtime {} stopping: no new claims, draining", d.cfg.worker_id);
     // 1. Stop claiming; handlers keep running and heartbeats continue.
     d.run_and_wait(
         [&d](std::function<void()> done) {
@@ -1438,12 +1441,12 @@ void runtime::stop() noexcept {
       d.run_and_wait(
           [&d](std::function<void()> done) {
             if (d.running_handlers > 0) {
-              spdlog::warn("tenure: {} handler(s) still running after the shutdown timeout; cancelling them, their "
+              tenure::logger()->warn("tenure: {} handler(s) still running after the shutdown timeout; cancelling them, their "
                            "attempts stay open for rescue",
                            d.running_handlers);
             }
             if (d.claiming()) {
-              spdlog::warn("tenure: a claim is still in flight after the shutdown timeout; what it takes is given "
+              tenure::logger()->warn("tenure: a claim is still in flight after the shutdown timeout; what it takes is given "
                            "back without spending an attempt");
             }
             d.abandoning = true;
@@ -1465,7 +1468,7 @@ void runtime::stop() noexcept {
       });
       if (f.get()) break;
       if (steady_clock::now() >= flush_deadline) {
-        spdlog::error("tenure: shutdown could not flush every completion (database unavailable?); those attempts "
+        tenure::logger()->error("tenure: shutdown could not flush every completion (database unavailable?); those attempts "
                       "stay open and will be rescued and run again");
         break;
       }
@@ -1490,9 +1493,9 @@ void runtime::stop() noexcept {
     if (d.ctl_thread.joinable()) d.ctl_thread.join();
     d.db.join();
     if (d.metrics_http) d.metrics_http->stop();
-    spdlog::info("tenure: runtime {} stopped", d.cfg.worker_id);
+    tenure::logger()->info("tenure: runtime {} stopped", d.cfg.worker_id);
   } catch (const std::exception& e) {
-    spdlog::error("tenure: error during stop: {}", e.what());
+    tenure::logger()->error("tenure: error during stop: {}", e.what());
   }
 }
 

@@ -117,12 +117,12 @@ class db_trouble_pg : public ::testing::Test {
 
   void SetUp() override {
     spdlog::set_level(spdlog::level::info);
-    spdlog::default_logger()->sinks().push_back(log_);  // before any runtime thread logs
+    tenure::logger()->sinks().push_back(log_);  // before any runtime thread logs
   }
   void TearDown() override {
     if (rt_) rt_->stop();
     rt_.reset();
-    auto& sinks = spdlog::default_logger()->sinks();
+    auto& sinks = tenure::logger()->sinks();
     std::erase(sinks, std::static_pointer_cast<spdlog::sinks::sink>(log_));
   }
 };

@@ -313,9 +313,9 @@ class log_watch final : public spdlog::sinks::base_sink<std::mutex> {
 class watching_log {
  public:
   explicit watching_log(std::string needle) : watch_(std::make_shared<log_watch>(std::move(needle))) {
-    spdlog::default_logger()->sinks().push_back(watch_);
+    tenure::logger()->sinks().push_back(watch_);
   }
-  ~watching_log() { std::erase(spdlog::default_logger()->sinks(), std::static_pointer_cast<spdlog::sinks::sink>(watch_)); }
+  ~watching_log() { std::erase(tenure::logger()->sinks(), std::static_pointer_cast<spdlog::sinks::sink>(watch_)); }
   int hits() const { return watch_->hits.load(); }
 
  private:

@@ -101,6 +101,7 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("tenure-" + name));
   spdlog::set_pattern("%H:%M:%S.%e [%n] %l %v");
   spdlog::set_level(spdlog::level::info);
+  tenure::set_logger(spdlog::default_logger());  // tenure's own lines, the same way
 
   tenure::postgres::runtime_options opt;
   opt.dsn = dsn;

@@ -10,6 +10,8 @@
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "tenure/log.hpp"
+
 namespace tenure::cli {
 namespace {
 
@@ -66,6 +68,7 @@ void setup_logging(int verbosity) {
     logger->set_level(verbosity == 1 ? spdlog::level::info : spdlog::level::debug);
     logger->set_pattern("[%H:%M:%S.%e] [%l] %v");
   }
+  tenure::set_logger(logger);  // the library's lines
   spdlog::set_default_logger(std::move(logger));
 }
 

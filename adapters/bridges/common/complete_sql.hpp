@@ -11,6 +11,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "tenure/log.hpp"
+
 #include "common/receipt_access.hpp"
 #include "tenure/postgres/sql_text.hpp"
 #include "tenure/finalization.hpp"
@@ -28,7 +30,7 @@ inline std::string complete_sql(const std::string& schema, bool with_progress) {
 /// Returns the progress text (when given) or errc::invalid_argument.
 inline result<std::optional<std::string>> prepare(const finalization_token& token, const finalize_options& opt) {
   if (!postgres::valid_schema_name(opt.schema)) {
-    spdlog::error("tenure: complete_in_tx: invalid schema name '{}'", opt.schema);
+    tenure::logger()->error("tenure: complete_in_tx: invalid schema name '{}'", opt.schema);
     return errc::invalid_argument;
   }
   if (token.job_id() <= 0 || token.run_lease() <= 0) return errc::malformed_token;
@@ -52,10 +54,10 @@ inline result<finalization_receipt> receipt_from(const finalization_token& token
 /// rest at error.
 inline errc report_failure(const finalization_token& token, errc code, std::string_view detail) {
   if (code == errc::stale_attempt) {
-    spdlog::info("tenure: complete_in_tx: job {} lease {} is stale (TN001); the caller's transaction is aborted",
+    tenure::logger()->info("tenure: complete_in_tx: job {} lease {} is stale (TN001); the caller's transaction is aborted",
                  token.job_id(), token.run_lease());
   } else {
-    spdlog::error("tenure: complete_in_tx for job {} lease {} failed: {}", token.job_id(), token.run_lease(),
+    tenure::logger()->error("tenure: complete_in_tx for job {} lease {} failed: {}", token.job_id(), token.run_lease(),
                   postgres::one_line(detail));
   }
   return code;

@@ -5,6 +5,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "tenure/log.hpp"
+
 #include "common/complete_sql.hpp"
 #include "tenure/postgres/sql_text.hpp"
 
@@ -17,7 +19,7 @@ result<finalization_receipt> complete_in_tx(PGconn* conn, const finalization_tok
   // Misuse of the caller's transaction is a protocol error (retryable), not bad job input: a
   // handler with this slip must not fail every job for good.
   auto misuse = [&](const char* why) {
-    spdlog::error("tenure: complete_in_tx for job {} lease {} {}", token.job_id(), token.run_lease(), why);
+    tenure::logger()->error("tenure: complete_in_tx for job {} lease {} {}", token.job_id(), token.run_lease(), why);
     return errc::protocol_error;
   };
   switch (PQtransactionStatus(conn)) {
@@ -35,7 +37,7 @@ result<finalization_receipt> complete_in_tx(PGconn* conn, const finalization_tok
       PQexecParams(conn, sql.c_str(), progress ? 2 : 1, nullptr, params, nullptr, nullptr, 0), &PQclear};
   if (!res || PQresultStatus(res.get()) != PGRES_TUPLES_OK) {
     if (PQstatus(conn) != CONNECTION_OK) {
-      spdlog::warn("tenure: complete_in_tx for job {} lease {}: connection lost ({}); the transaction is gone",
+      tenure::logger()->warn("tenure: complete_in_tx for job {} lease {}: connection lost ({}); the transaction is gone",
                    token.job_id(), token.run_lease(), postgres::one_line(PQerrorMessage(conn)));
       return errc::database_unavailable;
     }

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "tenure/log.hpp"
+
 #include "common/complete_sql.hpp"
 #include "tenure/postgres/sql_text.hpp"
 
@@ -12,7 +14,7 @@ result<finalization_receipt> complete_in_tx(pqxx::transaction_base& tx, const fi
   TENURE_TRY(auto progress, bridges::prepare(token, options));
   if (dynamic_cast<pqxx::nontransaction*>(&tx) != nullptr) {
     // Autocommit: the completion would commit apart from the business writes.
-    spdlog::error("tenure: complete_in_tx for job {} lease {} on a pqxx::nontransaction: use pqxx::work",
+    tenure::logger()->error("tenure: complete_in_tx for job {} lease {} on a pqxx::nontransaction: use pqxx::work",
                   token.job_id(), token.run_lease());
     return errc::protocol_error;
   }
@@ -24,16 +26,16 @@ result<finalization_receipt> complete_in_tx(pqxx::transaction_base& tx, const fi
     return bridges::receipt_from(token, r[0][0].as<std::int64_t>(), r[0][1].as<std::int64_t>(),
                                  r[0][2].as<std::int64_t>());
   } catch (const pqxx::broken_connection& e) {
-    spdlog::warn("tenure: complete_in_tx for job {} lease {}: connection lost ({}); the transaction is gone",
+    tenure::logger()->warn("tenure: complete_in_tx for job {} lease {}: connection lost ({}); the transaction is gone",
                  token.job_id(), token.run_lease(), e.what());
     return errc::database_unavailable;
   } catch (const pqxx::sql_error& e) {
     return bridges::report_failure(token, postgres::errc_from_sqlstate(e.sqlstate()), e.what());
   } catch (const pqxx::usage_error& e) {
-    spdlog::error("tenure: complete_in_tx for job {} lease {}: {}", token.job_id(), token.run_lease(), e.what());
+    tenure::logger()->error("tenure: complete_in_tx for job {} lease {}: {}", token.job_id(), token.run_lease(), e.what());
     return errc::protocol_error;
   } catch (const std::exception& e) {
-    spdlog::error("tenure: complete_in_tx for job {} lease {} failed: {}", token.job_id(), token.run_lease(),
+    tenure::logger()->error("tenure: complete_in_tx for job {} lease {} failed: {}", token.job_id(), token.run_lease(),
                   e.what());
     return errc::database_error;
   }

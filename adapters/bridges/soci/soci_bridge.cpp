@@ -6,6 +6,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "tenure/log.hpp"
+
 #include "tenure/postgres/sql_text.hpp"
 #include "tenure/postgres/schema.hpp"
 
@@ -21,20 +23,20 @@ auto guarded(soci::session& session, const char* what, Fn&& fn) -> decltype(fn()
     return fn();
   } catch (const soci::postgresql_soci_error& e) {
     const auto code = errc_from_sqlstate(e.sqlstate());
-    if (code == errc::database_error) spdlog::error("tenure.soci: {} failed: {}", what, e.what());
+    if (code == errc::database_error) tenure::logger()->error("tenure.soci: {} failed: {}", what, e.what());
     return code;
   } catch (const soci::soci_error& e) {
     // SOCI's PostgreSQL backend exports no typeinfo, so check the name and cast statically.
     if (session.get_backend() == nullptr || session.get_backend_name() != "postgresql") {
-      spdlog::error("tenure.soci: {} needs a PostgreSQL session: {}", what, e.what());
+      tenure::logger()->error("tenure.soci: {} needs a PostgreSQL session: {}", what, e.what());
       return errc::invalid_argument;
     }
     auto* be = static_cast<soci::postgresql_session_backend*>(session.get_backend());
     if (be->conn_ == nullptr || PQstatus(be->conn_) != CONNECTION_OK) return errc::database_unavailable;
-    spdlog::error("tenure.soci: {} failed: {}", what, e.what());
+    tenure::logger()->error("tenure.soci: {} failed: {}", what, e.what());
     return errc::database_error;
   } catch (const std::exception& e) {
-    spdlog::error("tenure.soci: {} failed: {}", what, e.what());
+    tenure::logger()->error("tenure.soci: {} failed: {}", what, e.what());
     return errc::database_error;
   }
 }
@@ -147,7 +149,7 @@ result<std::vector<std::int64_t>> enqueue_batch(soci::session& session, std::spa
 result<finalization_receipt> complete_in_tx(soci::session& session, const finalization_token& token,
                                             const finalize_options& options) {
   if (session.get_backend() == nullptr || session.get_backend_name() != "postgresql") {
-    spdlog::error("tenure.soci: complete_in_tx needs a connected PostgreSQL session");
+    tenure::logger()->error("tenure.soci: complete_in_tx needs a connected PostgreSQL session");
     return errc::protocol_error;
   }
   // The same statement on the same connection SOCI holds, so it joins the caller's transaction.

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "sdk/storage_port.hpp"
+#include "tenure/log.hpp"
 #include "tenure/result.hpp"
 
 namespace tenure::postgres {
@@ -39,6 +40,8 @@ struct store_options {
   /// complete_job): the call fails with errc::transient_conflict and is retried later.
   /// 0: no limit.
   std::chrono::milliseconds lock_timeout{5'000};
+  /// When set, store::open() makes it tenure's logger (tenure::set_logger: process-wide).
+  std::shared_ptr<spdlog::logger> logger;
   /// Named prepared statements and session settings, or none (see pool_mode). After open(),
   /// options().pool_mode says which one `detect` chose.
   postgres::pool_mode pool_mode = postgres::pool_mode::detect;
