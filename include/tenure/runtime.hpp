@@ -26,10 +26,8 @@
 
 namespace tenure {
 
-namespace sdk {
 class storage_port;
 class signal_port;
-}  // namespace sdk
 
 using std::chrono::milliseconds;
 
@@ -314,8 +312,8 @@ class runtime {
 
   /// Validates the config. errc::invalid_argument with `detail` for a bad one.
   static result<std::unique_ptr<runtime>> create(runtime_config config,
-                                                 std::shared_ptr<sdk::storage_port> store,
-                                                 std::shared_ptr<sdk::signal_port> signals = nullptr,
+                                                 std::shared_ptr<storage_port> store,
+                                                 std::shared_ptr<signal_port> signals = nullptr,
                                                  std::string* detail = nullptr);
   ~runtime();  ///< stop()s
   runtime(const runtime&) = delete;

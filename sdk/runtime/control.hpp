@@ -21,7 +21,7 @@
 
 #include "sdk/runtime/attempt_entry.hpp"
 #include "sdk/runtime/metrics.hpp"
-#include "sdk/storage_port.hpp"
+#include "tenure/storage_port.hpp"
 #include "tenure/runtime.hpp"
 
 namespace tenure::detail {
@@ -38,10 +38,10 @@ inline milliseconds next_backoff(milliseconds current) {
 
 class control {
  public:
-  control(runtime_config c, std::shared_ptr<sdk::storage_port> s) : cfg(std::move(c)), store(std::move(s)), db(4) {}
+  control(runtime_config c, std::shared_ptr<storage_port> s) : cfg(std::move(c)), store(std::move(s)), db(4) {}
 
   runtime_config cfg;
-  std::shared_ptr<sdk::storage_port> store;
+  std::shared_ptr<storage_port> store;
   std::vector<runtime::event_hook> hooks;
   live_metrics m;
 

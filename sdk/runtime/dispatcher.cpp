@@ -107,7 +107,7 @@ void dispatcher::on_claimed(queue_state& q, int asked, result<std::vector<claime
 /// Snoozes an attempt that will not run here back to its queue (no attempt spent).
 void dispatcher::give_back(claimed_attempt c) {
   ++core.outstanding_ops;
-  core.on_db([this, a = c.attempt] { return core.store->snooze(a, sdk::microseconds{0}); },
+  core.on_db([this, a = c.attempt] { return core.store->snooze(a, std::chrono::microseconds{0}); },
              [this, c = std::move(c)](result<void> r) {
                --core.outstanding_ops;
                if (r) {

@@ -20,17 +20,17 @@ void maintenance::pass(std::function<void()> done) {
     done();
     return;
   }
-  std::optional<sdk::leader_lease> lease;
+  std::optional<leader_lease> lease;
   if (leased) {
     const auto term = lead.term_for_pass();
     if (!term) {
       done();
       return;
     }
-    lease = sdk::leader_lease{lead.holder, *term};
+    lease = leader_lease{lead.holder, *term};
   }
   running = true;
-  const auto stale_after = std::chrono::duration_cast<sdk::microseconds>(core.staleness());
+  const auto stale_after = std::chrono::duration_cast<std::chrono::microseconds>(core.staleness());
   // The leader knows its own running attempts are alive: it refreshes them right before the
   // rescue, so a slow heartbeat (a busy pool, a slow connect) never makes it rescue itself.
   std::vector<attempt_id> own;
@@ -38,7 +38,7 @@ void maintenance::pass(std::function<void()> done) {
     if (!e->handler_done) own.push_back(id);
   }
   core.on_db(
-      [this, stale_after, own = std::move(own), lease]() -> result<std::vector<sdk::rescued_attempt>> {
+      [this, stale_after, own = std::move(own), lease]() -> result<std::vector<rescued_attempt>> {
         if (!own.empty()) {
           auto refreshed = core.store->heartbeat(own);
           if (!refreshed) return refreshed.error();
@@ -49,7 +49,7 @@ void maintenance::pass(std::function<void()> done) {
         if (!promoted) return promoted.error();
         return core.store->rescue_stale(stale_after);
       },
-      [this, done = std::move(done), lease](result<std::vector<sdk::rescued_attempt>> r) {
+      [this, done = std::move(done), lease](result<std::vector<rescued_attempt>> r) {
         running = false;
         if (!r && r.error() == errc::leadership_lost) {
           m.leadership_lost.fetch_add(1, std::memory_order_relaxed);

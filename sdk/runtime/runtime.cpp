@@ -33,8 +33,8 @@
 #include "sdk/runtime/metrics_server.hpp"
 #include "sdk/runtime/settlement.hpp"
 #include "sdk/runtime/signals.hpp"
-#include "sdk/signal_port.hpp"
-#include "sdk/storage_port.hpp"
+#include "tenure/signal_port.hpp"
+#include "tenure/storage_port.hpp"
 
 namespace tenure {
 
@@ -44,7 +44,7 @@ using std::chrono::steady_clock;
 /// The pieces, each standing only on those declared before it (callbacks carry anything that
 /// goes the other way).
 struct runtime::impl {
-  impl(runtime_config c, std::shared_ptr<sdk::storage_port> s, std::shared_ptr<sdk::signal_port> sig)
+  impl(runtime_config c, std::shared_ptr<storage_port> s, std::shared_ptr<signal_port> sig)
       : core(std::move(c), std::move(s)),
         lead(core.cfg, sig != nullptr),
         table(core),
@@ -75,8 +75,8 @@ struct runtime::impl {
 runtime::runtime(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 runtime::~runtime() { stop(); }
 
-result<std::unique_ptr<runtime>> runtime::create(runtime_config config, std::shared_ptr<sdk::storage_port> store,
-                                                 std::shared_ptr<sdk::signal_port> signals, std::string* detail) {
+result<std::unique_ptr<runtime>> runtime::create(runtime_config config, std::shared_ptr<storage_port> store,
+                                                 std::shared_ptr<signal_port> signals, std::string* detail) {
   auto bad = [&](std::string why) -> result<std::unique_ptr<runtime>> {
     if (detail) *detail = std::move(why);
     return errc::invalid_argument;
@@ -135,11 +135,11 @@ result<void> runtime::start() {
   }
   for (const auto& q : d.core.cfg.queues) {
     if (!q.hard_deadline && !q.dead_letter && !q.backoff_base && !q.backoff_cap) continue;
-    sdk::queue_settings st;
-    if (q.hard_deadline) st.hard_deadline = std::chrono::duration_cast<sdk::microseconds>(*q.hard_deadline);
+    queue_settings st;
+    if (q.hard_deadline) st.hard_deadline = std::chrono::duration_cast<std::chrono::microseconds>(*q.hard_deadline);
     st.dead_letter = q.dead_letter.value_or(false);
-    if (q.backoff_base) st.backoff_base = std::chrono::duration_cast<sdk::microseconds>(*q.backoff_base);
-    if (q.backoff_cap) st.backoff_cap = std::chrono::duration_cast<sdk::microseconds>(*q.backoff_cap);
+    if (q.backoff_base) st.backoff_base = std::chrono::duration_cast<std::chrono::microseconds>(*q.backoff_base);
+    if (q.backoff_cap) st.backoff_cap = std::chrono::duration_cast<std::chrono::microseconds>(*q.backoff_cap);
     auto written = d.core.store->configure_queue(q.name, st);
     if (!written) {
       tenure::logger()->error("tenure: cannot write the settings of queue {}: {}", q.name, written.error().message());

@@ -80,14 +80,14 @@ void settlement::apply_outcome(const entry_ptr& entry, job_outcome outcome, mill
       [this, a, outcome, message = detail::storable_text(outcome.message())]() -> result<job_state> {
         switch (outcome.what()) {
           case job_outcome::kind::retry: {
-            std::optional<sdk::microseconds> after;
-            if (outcome.delay()) after = std::chrono::duration_cast<sdk::microseconds>(*outcome.delay());
-            return core.store->fail(a, message, sdk::fail_disposition::retry, after);
+            std::optional<std::chrono::microseconds> after;
+            if (outcome.delay()) after = std::chrono::duration_cast<std::chrono::microseconds>(*outcome.delay());
+            return core.store->fail(a, message, fail_disposition::retry, after);
           }
           case job_outcome::kind::fail:
-            return core.store->fail(a, message, sdk::fail_disposition::permanent);
+            return core.store->fail(a, message, fail_disposition::permanent);
           case job_outcome::kind::snooze: {
-            auto r = core.store->snooze(a, std::chrono::duration_cast<sdk::microseconds>(*outcome.delay()));
+            auto r = core.store->snooze(a, std::chrono::duration_cast<std::chrono::microseconds>(*outcome.delay()));
             if (!r) return r.error();
             return job_state::scheduled;
           }

@@ -65,12 +65,12 @@ class settlement {
   // completion flush (settlement_flush.cpp)
   void push_completion(pending_completion p);
   void flush(std::vector<pending_completion> batch);
-  void on_flushed(std::vector<pending_completion> batch, result<std::vector<sdk::completion_result>> r,
+  void on_flushed(std::vector<pending_completion> batch, result<std::vector<completion_result>> r,
                   steady_clock::duration took);
   // evidence (settlement_evidence.cpp)
   void queue_evidence(const entry_ptr& entry, std::shared_ptr<handler_exit> exit);
   void read_evidence(std::vector<pending_reconcile> batch);
-  void on_evidence(const entry_ptr& entry, const handler_exit& exit, sdk::attempt_evidence evidence);
+  void on_evidence(const entry_ptr& entry, const handler_exit& exit, attempt_evidence evidence);
 
   control& core;
   in_flight_table& table;

@@ -21,7 +21,7 @@ const char* to_text(handler_exit::how h) {
 
 }  // namespace
 
-/// set-based statement) and acted on (DESIGN.md section 6, cases 1-4).
+/// set-based statement) and acted on (docs/design.md section 6, cases 1-4).
 void settlement::queue_evidence(const entry_ptr& entry, std::shared_ptr<handler_exit> exit) {
   evidence.push({entry, std::move(exit)}, core.stopping);
 }
@@ -33,7 +33,7 @@ void settlement::read_evidence(std::vector<pending_reconcile> batch) {
   for (const auto& p : batch) ids.push_back(p.entry->claim.attempt);
   ++core.outstanding_ops;
   core.on_db([this, ids = std::move(ids)] { return core.store->reconcile(std::span<const attempt_id>{ids}); },
-             [this, batch = std::move(batch)](result<std::vector<sdk::attempt_evidence>> r) mutable {
+             [this, batch = std::move(batch)](result<std::vector<attempt_evidence>> r) mutable {
                --core.outstanding_ops;
                if (!r || r.value().size() != batch.size()) {
                  // Case 4: no evidence, so nothing is written. Keep asking with backoff; past the
@@ -71,10 +71,10 @@ void settlement::read_evidence(std::vector<pending_reconcile> batch) {
              });
 }
 
-void settlement::on_evidence(const entry_ptr& entry, const handler_exit& exit, sdk::attempt_evidence evidence) {
+void settlement::on_evidence(const entry_ptr& entry, const handler_exit& exit, attempt_evidence evidence) {
   const auto& c = entry->claim;
   switch (evidence) {
-    case sdk::attempt_evidence::completed_by_this:
+    case attempt_evidence::completed_by_this:
       // Case 1: durable state wins, whatever the handler said.
       if (exit.what != handler_exit::how::receipt && exit.what != handler_exit::how::flushed) {
         m.protocol_warnings.fetch_add(1, std::memory_order_relaxed);
@@ -86,7 +86,7 @@ void settlement::on_evidence(const entry_ptr& entry, const handler_exit& exit, s
       core.emit(lifecycle_event::completed, c);
       table.release(entry);
       return;
-    case sdk::attempt_evidence::open: {
+    case attempt_evidence::open: {
       if (exit.what == handler_exit::how::flushed) {
         // The in-doubt completion did not land after all: flush it again.
         push_completion({entry, exit.progress});
@@ -106,8 +106,8 @@ void settlement::on_evidence(const entry_ptr& entry, const handler_exit& exit, s
       apply_outcome(entry, std::move(outcome), milliseconds{0});
       return;
     }
-    case sdk::attempt_evidence::closed_by_other:
-    case sdk::attempt_evidence::unknown_job:
+    case attempt_evidence::closed_by_other:
+    case attempt_evidence::unknown_job:
       // Case 3: rescued, cancelled or re-claimed: stale, change nothing.
       discard_stale(entry);
       return;

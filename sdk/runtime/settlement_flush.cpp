@@ -17,17 +17,17 @@ void settlement::push_completion(pending_completion p) {
 
 void settlement::flush(std::vector<pending_completion> batch) {
   const auto n = batch.size();
-  std::vector<sdk::completion> items;
+  std::vector<completion> items;
   items.reserve(n);
   for (const auto& p : batch) items.push_back({p.entry->claim.attempt, p.progress});
   const auto started_at = steady_clock::now();
   core.on_db([this, items = std::move(items)] { return core.store->complete(items); },
-             [this, batch = std::move(batch), started_at](result<std::vector<sdk::completion_result>> r) mutable {
+             [this, batch = std::move(batch), started_at](result<std::vector<completion_result>> r) mutable {
                on_flushed(std::move(batch), std::move(r), steady_clock::now() - started_at);
              });
 }
 
-void settlement::on_flushed(std::vector<pending_completion> batch, result<std::vector<sdk::completion_result>> r,
+void settlement::on_flushed(std::vector<pending_completion> batch, result<std::vector<completion_result>> r,
                 steady_clock::duration took) {
   if (!r && r.error() == errc::invalid_argument) {
     // Refused for good: the same statement would be refused on every retry, and every later

@@ -60,7 +60,7 @@ void signals::check_cancel_hints() {
   cancel_check_running = true;
   m.cancel_checks.fetch_add(1, std::memory_order_relaxed);
   core.on_db([this, ids] { return core.store->reconcile(std::span<const attempt_id>{ids}); },
-             [this, entries = std::move(entries)](result<std::vector<sdk::attempt_evidence>> r) {
+             [this, entries = std::move(entries)](result<std::vector<attempt_evidence>> r) {
                cancel_check_running = false;
                last_cancel_check = steady_clock::now();
                if (!r || r.value().size() != entries.size()) {
@@ -78,7 +78,7 @@ void signals::check_cancel_hints() {
                for (std::size_t i = 0; i < entries.size(); ++i) {
                  const auto& e = entries[i];
                  const auto& c = e->claim;
-                 if (r.value()[i] == sdk::attempt_evidence::open) {
+                 if (r.value()[i] == attempt_evidence::open) {
                    tenure::logger()->debug("tenure: cancel notification for job {} lease {} queue {} ignored: the attempt is "
                                  "still live", c.attempt.job_id, c.attempt.run_lease, c.queue);
                    continue;
@@ -137,9 +137,9 @@ void signals::loop() {
     std::set<attempt_id> cancels, resumes;
     for (auto& s : r.value()) {
       switch (s.what) {
-        case sdk::signal::kind::wake: wakes.insert(std::move(s.queue)); break;
-        case sdk::signal::kind::cancel: cancels.insert(s.attempt); break;
-        case sdk::signal::kind::resume: resumes.insert(s.attempt); break;
+        case signal::kind::wake: wakes.insert(std::move(s.queue)); break;
+        case signal::kind::cancel: cancels.insert(s.attempt); break;
+        case signal::kind::resume: resumes.insert(s.attempt); break;
       }
     }
     core.on_ctl([this, wakes = std::move(wakes), cancels = std::move(cancels), resumes = std::move(resumes)] {

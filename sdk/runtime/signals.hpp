@@ -13,14 +13,14 @@
 
 #include "sdk/runtime/dispatcher.hpp"
 #include "sdk/runtime/leadership.hpp"
-#include "sdk/signal_port.hpp"
+#include "tenure/signal_port.hpp"
 
 namespace tenure::detail {
 
 class signals {
  public:
   signals(control& core, in_flight_table& table, leadership& lead, dispatcher& dispatch,
-          std::shared_ptr<sdk::signal_port> port)
+          std::shared_ptr<signal_port> port)
       : port(std::move(port)),
         core(core),
         table(table),
@@ -30,7 +30,7 @@ class signals {
         m(core.m),
         cancel_check_timer(core.ctl) {}
 
-  const std::shared_ptr<sdk::signal_port> port;  ///< may be null: no signal thread then
+  const std::shared_ptr<signal_port> port;  ///< may be null: no signal thread then
 
   /// Starts the signal thread (with a port).
   void start();
