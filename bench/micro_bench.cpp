@@ -2,8 +2,8 @@
 // against PostgreSQL come from `tenure bench` (tools/bench). Run: build/bench/tenure_micro_bench
 #include <benchmark/benchmark.h>
 
-#include "adapters/sqlite/sqlite_store.hpp"
-#include "sdk/clock.hpp"
+#include "tenure/sqlite/store.hpp"
+#include "tenure/clock.hpp"
 #include "tenure/job.hpp"
 #include "tenure/token.hpp"
 
@@ -30,14 +30,14 @@ BENCHMARK(validate_job);
 /// One enqueue-batch / claim / complete cycle of N jobs on the SQLite fake: the engine-side cost
 /// of the protocol without network or server.
 void sqlite_cycle(benchmark::State& state) {
-  tenure::sdk::manual_clock clock;
+  tenure::manual_clock clock;
   auto store = tenure::sqlite::store::open(":memory:", clock).value();
   const auto n = static_cast<int>(state.range(0));
   std::vector<tenure::new_job> jobs(static_cast<std::size_t>(n), tenure::new_job{.kind = "k"});
   for (auto _ : state) {
     (void)store->enqueue_batch(jobs);
     auto claimed = store->claim("default", n, "bench").value();
-    std::vector<tenure::sdk::completion> done;
+    std::vector<tenure::completion> done;
     for (const auto& c : claimed) done.push_back({c.attempt, std::nullopt});
     benchmark::DoNotOptimize(store->complete(done));
   }

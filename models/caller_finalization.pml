@@ -1,6 +1,6 @@
 /*
  * caller_finalization.pml -- SPIN model of tenure's caller-owned finalization protocol
- * (DESIGN.md sections 1, 3 and 6; SQL in adapters/postgres/sql/0001_base.sql, 0002_callbacks.sql).
+ * (docs/design.md sections 1, 3 and 6; SQL in adapters/postgres/sql/0001_base.sql, 0002_callbacks.sql).
  *
  * One job, a bounded number of claims (run leases 1..MAX_LEASE), two workers running a
  * caller-owned handler, one maintenance rescuer, one admin cancel. Every process below stands for

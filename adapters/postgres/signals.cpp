@@ -9,7 +9,7 @@
 #include "tenure/log.hpp"
 
 #include "connection.hpp"
-#include "sdk/signal_port.hpp"
+#include "tenure/signal_port.hpp"
 #include "tenure/postgres/runtime.hpp"
 #include "tenure/postgres/schema.hpp"
 
@@ -19,7 +19,7 @@ namespace {
 using detail::connection;
 using detail::effect;
 
-class pg_signal_port final : public sdk::signal_port {
+class pg_signal_port final : public signal_port {
  public:
   pg_signal_port(std::string dsn, std::string schema, std::string app)
       : dsn_(std::move(dsn)), schema_(std::move(schema)), app_(std::move(app)) {}
@@ -44,9 +44,9 @@ class pg_signal_port final : public sdk::signal_port {
 
   bool connected() const noexcept override { return conn_ && conn_->ok(); }
 
-  result<std::vector<sdk::signal>> wait(std::chrono::milliseconds timeout) override {
+  result<std::vector<signal>> wait(std::chrono::milliseconds timeout) override {
     if (!connected()) return errc::database_unavailable;
-    std::vector<sdk::signal> out;
+    std::vector<signal> out;
     if (!drain(out)) return lost();
     if (!out.empty()) return out;
     pollfd pfd{PQsocket(conn_->native()), POLLIN, 0};
@@ -128,7 +128,7 @@ class pg_signal_port final : public sdk::signal_port {
   }
 
   /// Reads whatever arrived; false when the connection broke.
-  bool drain(std::vector<sdk::signal>& out) {
+  bool drain(std::vector<signal>& out) {
     PGconn* c = conn_->native();
     if (PQconsumeInput(c) == 0) return false;
     while (PGnotify* n = PQnotifies(c)) {
@@ -137,12 +137,12 @@ class pg_signal_port final : public sdk::signal_port {
       PQfreemem(n);
       // Any role that can connect may NOTIFY these channels: a payload is a hint to check,
       // and one that does not parse is dropped.
-      sdk::signal s;
+      signal s;
       if (channel == schema_ + "_wake") {
-        s.what = sdk::signal::kind::wake;
+        s.what = signal::kind::wake;
         s.queue = payload;
       } else if (channel == schema_ + "_cancel" || channel == schema_ + "_callback") {
-        s.what = channel == schema_ + "_callback" ? sdk::signal::kind::resume : sdk::signal::kind::cancel;
+        s.what = channel == schema_ + "_callback" ? signal::kind::resume : signal::kind::cancel;
         if (!parse_attempt(payload, s.attempt)) {
           tenure::logger()->debug("tenure.pg: ignoring a malformed notification on {} ({} bytes)", channel, payload.size());
           continue;
@@ -183,7 +183,7 @@ class pg_signal_port final : public sdk::signal_port {
 
 }  // namespace
 
-std::shared_ptr<sdk::signal_port> make_signal_port(std::string dsn, std::string schema, std::string application_name) {
+std::shared_ptr<signal_port> make_signal_port(std::string dsn, std::string schema, std::string application_name) {
   return std::make_shared<pg_signal_port>(std::move(dsn), std::move(schema), std::move(application_name));
 }
 
@@ -213,7 +213,7 @@ result<std::unique_ptr<runtime>> make_runtime(runtime_options options, std::stri
                          .pool_mode = pool_mode::session},
                         detail);
   if (!st) return st.error();
-  std::shared_ptr<sdk::storage_port> shared{std::move(st).value()};
+  std::shared_ptr<storage_port> shared{std::move(st).value()};
   return runtime::create(std::move(options.runtime), shared,
                          make_signal_port(options.dsn, options.schema, options.application_name), detail);
 }

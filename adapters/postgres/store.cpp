@@ -312,8 +312,8 @@ result<std::vector<attempt_id>> store::heartbeat(std::span<const attempt_id> att
   return live;
 }
 
-result<std::vector<sdk::completion_result>> store::complete(std::span<const sdk::completion> batch) {
-  std::vector<sdk::completion_result> out;
+result<std::vector<completion_result>> store::complete(std::span<const completion> batch) {
+  std::vector<completion_result> out;
   if (batch.empty()) return out;
   std::vector<std::int64_t> ids, leases;
   std::vector<std::optional<std::string>> progress;
@@ -344,18 +344,18 @@ result<std::vector<sdk::completion_result>> store::complete(std::span<const sdk:
   return out;
 }
 
-result<job_state> store::fail(attempt_id attempt, std::string_view error, sdk::fail_disposition disposition,
-                              std::optional<sdk::microseconds> retry_after) {
+result<job_state> store::fail(attempt_id attempt, std::string_view error, fail_disposition disposition,
+                              std::optional<std::chrono::microseconds> retry_after) {
   TENURE_TRY(auto rows, impl_->run(impl_->st.fail,
                                    {number(attempt.job_id), number(attempt.run_lease), text(error),
-                                    disposition == sdk::fail_disposition::permanent ? "true" : "false",
+                                    disposition == fail_disposition::permanent ? "true" : "false",
                                     retry_after ? param{detail::interval_text(*retry_after)} : std::nullopt},
                                    effect::write));
   if (rows.is_null(0, 0)) return errc::stale_attempt;
   return parse_job_state(rows.text(0, 0));
 }
 
-result<void> store::snooze(attempt_id attempt, sdk::microseconds delay) {
+result<void> store::snooze(attempt_id attempt, std::chrono::microseconds delay) {
   TENURE_TRY(auto rows, impl_->run(impl_->st.snooze,
                                    {number(attempt.job_id), number(attempt.run_lease),
                                     detail::interval_text(delay)},
@@ -396,7 +396,7 @@ bool uuid_text(std::string_view s) {
 }
 }  // namespace
 
-result<std::string> store::register_callback(attempt_id attempt, sdk::microseconds timeout) {
+result<std::string> store::register_callback(attempt_id attempt, std::chrono::microseconds timeout) {
   if (timeout.count() <= 0) return errc::invalid_argument;
   TENURE_TRY(auto rows, impl_->run(impl_->st.register_callback,
                                    {number(attempt.job_id), number(attempt.run_lease),
@@ -406,13 +406,13 @@ result<std::string> store::register_callback(attempt_id attempt, sdk::microsecon
   return std::string{rows.text(0, 0)};
 }
 
-result<sdk::callback_poll> store::await_callback(attempt_id attempt, std::string_view callback_id) {
+result<callback_poll> store::await_callback(attempt_id attempt, std::string_view callback_id) {
   if (!uuid_text(callback_id)) return errc::stale_attempt;
   TENURE_TRY(auto rows, impl_->run(impl_->st.await_callback,
                                    {number(attempt.job_id), number(attempt.run_lease), text(callback_id)},
                                    effect::write));
   if (rows.size() == 0) return errc::stale_attempt;
-  sdk::callback_poll p;
+  callback_poll p;
   p.resumed = rows.text(0, 0) == "resumed";
   if (p.resumed) p.payload = rows.opt_text(0, 1).value_or(std::string{"{}"});
   return p;
@@ -426,7 +426,7 @@ result<bool> store::resume_callback(std::string_view callback_id, std::string_vi
   return rows.boolean(0, 0);
 }
 
-result<bool> store::extend_callback(std::string_view callback_id, sdk::microseconds timeout) {
+result<bool> store::extend_callback(std::string_view callback_id, std::chrono::microseconds timeout) {
   if (timeout.count() <= 0) return errc::invalid_argument;
   if (!uuid_text(callback_id)) return false;
   TENURE_TRY(auto rows, impl_->run(impl_->st.extend_callback,
@@ -482,10 +482,10 @@ result<job_info> store::read_job(std::int64_t job_id) {
 }
 
 namespace {
-result<std::vector<sdk::rescued_attempt>> rescued_from(const detail::rows& rows) {
-  std::vector<sdk::rescued_attempt> out;
+result<std::vector<rescued_attempt>> rescued_from(const detail::rows& rows) {
+  std::vector<rescued_attempt> out;
   for (int i = 0; i < rows.size(); ++i) {
-    sdk::rescued_attempt r;
+    rescued_attempt r;
     r.attempt = {rows.int64(i, 0), rows.int64(i, 1)};
     r.queue = rows.text(i, 2);
     TENURE_TRY(r.new_state, parse_job_state(rows.text(i, 3)));
@@ -495,13 +495,13 @@ result<std::vector<sdk::rescued_attempt>> rescued_from(const detail::rows& rows)
 }
 }  // namespace
 
-result<std::vector<sdk::rescued_attempt>> store::rescue_stale(sdk::microseconds stale_after) {
+result<std::vector<rescued_attempt>> store::rescue_stale(std::chrono::microseconds stale_after) {
   TENURE_TRY(auto rows, impl_->run(impl_->st.rescue, {detail::interval_text(stale_after)}, effect::write));
   return rescued_from(rows);
 }
 
-result<std::vector<sdk::rescued_attempt>> store::maintain(const sdk::leader_lease& lease,
-                                                          sdk::microseconds stale_after) {
+result<std::vector<rescued_attempt>> store::maintain(const leader_lease& lease,
+                                                          std::chrono::microseconds stale_after) {
   TENURE_TRY(auto rows, impl_->run(impl_->st.maintain,
                                    {text(lease.holder), number(lease.term), detail::interval_text(stale_after)},
                                    effect::write));
@@ -514,23 +514,23 @@ result<std::int64_t> store::promote_due() {
 }
 
 namespace {
-result<sdk::attempt_evidence> evidence_from(std::string_view e) {
-  if (e == "open") return sdk::attempt_evidence::open;
-  if (e == "completed") return sdk::attempt_evidence::completed_by_this;
-  if (e == "closed_by_other") return sdk::attempt_evidence::closed_by_other;
-  if (e == "unknown_job") return sdk::attempt_evidence::unknown_job;
+result<attempt_evidence> evidence_from(std::string_view e) {
+  if (e == "open") return attempt_evidence::open;
+  if (e == "completed") return attempt_evidence::completed_by_this;
+  if (e == "closed_by_other") return attempt_evidence::closed_by_other;
+  if (e == "unknown_job") return attempt_evidence::unknown_job;
   return errc::protocol_error;
 }
 }  // namespace
 
-result<sdk::attempt_evidence> store::reconcile(attempt_id attempt) {
+result<attempt_evidence> store::reconcile(attempt_id attempt) {
   TENURE_TRY(auto rows, impl_->run(impl_->st.evidence,
                                    {number(attempt.job_id), number(attempt.run_lease)}, effect::read));
   return evidence_from(rows.text(0, 0));
 }
 
-result<std::vector<sdk::attempt_evidence>> store::reconcile(std::span<const attempt_id> attempts) {
-  std::vector<sdk::attempt_evidence> out;
+result<std::vector<attempt_evidence>> store::reconcile(std::span<const attempt_id> attempts) {
+  std::vector<attempt_evidence> out;
   if (attempts.empty()) return out;
   std::vector<std::int64_t> ids, leases;
   for (const auto& a : attempts) {
@@ -548,7 +548,7 @@ result<std::vector<sdk::attempt_evidence>> store::reconcile(std::span<const atte
   return out;
 }
 
-result<void> store::configure_queue(std::string_view queue, const sdk::queue_settings& s) {
+result<void> store::configure_queue(std::string_view queue, const queue_settings& s) {
   TENURE_TRYV(impl_->run(impl_->st.configure_queue,
                         {text(queue), s.dead_letter ? "true" : "false",
                          s.hard_deadline ? param{detail::interval_text(*s.hard_deadline)} : std::nullopt,

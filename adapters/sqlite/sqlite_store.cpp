@@ -1,4 +1,4 @@
-#include "adapters/sqlite/sqlite_store.hpp"
+#include "tenure/sqlite/store.hpp"
 
 #include "sdk/runtime/storable.hpp"
 
@@ -25,10 +25,10 @@ namespace detail {
 
 /// Everything behind one handle. `mutex` guards all of it.
 struct store_state {
-  store_state(const sdk::clock_port& c, std::uint64_t seed) : clock(c), rng(seed) {}
+  store_state(const clock_port& c, std::uint64_t seed) : clock(c), rng(seed) {}
   std::mutex mutex;
   soci::session session;
-  const sdk::clock_port& clock;
+  const clock_port& clock;
   std::mt19937_64 rng;  ///< backoff jitter
   std::random_device secrets;  ///< attempt secrets: the OS's random source, never the seeded rng
 };
@@ -517,7 +517,7 @@ bool cancel_attempt_in_tx(soci::session& s, attempt_id a, std::string_view reaso
 store::store(std::unique_ptr<detail::store_state> state) noexcept : state_(std::move(state)) {}
 store::~store() = default;
 
-result<std::unique_ptr<store>> store::open(std::string path, const sdk::clock_port& clock,
+result<std::unique_ptr<store>> store::open(std::string path, const clock_port& clock,
                                            options opts) {
   if (path.find('"') != std::string::npos) return errc::invalid_argument;  // SOCI quotes with "
   try {
@@ -546,7 +546,7 @@ result<std::unique_ptr<store>> store::open(std::string path, const sdk::clock_po
 }
 
 result<void> store::configure_queue(std::string_view queue_name,
-                                    const sdk::queue_settings& settings) {
+                                    const queue_settings& settings) {
   const auto& hard_deadline = settings.hard_deadline;
   if ((hard_deadline && hard_deadline->count() <= 0) || settings.backoff_base.count() < 0 ||
       settings.backoff_cap < settings.backoff_base) {
@@ -697,15 +697,15 @@ result<std::vector<attempt_id>> store::heartbeat(
   });
 }
 
-result<std::vector<sdk::completion_result>> store::complete(
-    std::span<const sdk::completion> batch) {
+result<std::vector<completion_result>> store::complete(
+    std::span<const completion> batch) {
   for (const auto& c : batch) {
     if (!valid_json(c.progress)) return errc::invalid_argument;
   }
   const auto input = distinct_attempts(
-      batch, [](const sdk::completion& c) { return c.attempt; },
+      batch, [](const completion& c) { return c.attempt; },
       [&](std::size_t i) -> const std::optional<std::string>& { return batch[i].progress; });
-  using out_t = std::vector<sdk::completion_result>;
+  using out_t = std::vector<completion_result>;
   return transact<out_t>(*state_, tx_mode::write, [&](soci::session& s, std::int64_t now) {
     std::set<attempt_id> applied;
     for (const auto& [a, p] : input) {
@@ -727,15 +727,15 @@ result<std::vector<sdk::completion_result>> store::complete(
 }
 
 result<job_state> store::fail(attempt_id attempt, std::string_view error,
-                              sdk::fail_disposition disposition,
-                              std::optional<sdk::microseconds> retry_after) {
+                              fail_disposition disposition,
+                              std::optional<std::chrono::microseconds> retry_after) {
   if (!tenure::detail::is_storable_text(error)) return errc::invalid_argument;  // as PostgreSQL refuses it
   return transact<job_state>(*state_, tx_mode::write, [&](soci::session& s, std::int64_t now) {
     auto r = take_receipt(s, attempt);
     if (!r) return result<job_state>(errc::stale_attempt);
     r->last_error = bound_error(error);
     const auto policy = policy_of(s, r->queue);
-    if (disposition == sdk::fail_disposition::retry && r->attempt < r->max_attempts) {
+    if (disposition == fail_disposition::retry && r->attempt < r->max_attempts) {
       const std::int64_t delay = retry_after ? std::max<std::int64_t>(retry_after->count(), 0)
                                              : backoff_us(policy, r->attempt, state_->rng);
       r->run_at = saturating_add(now, delay);
@@ -751,7 +751,7 @@ result<job_state> store::fail(attempt_id attempt, std::string_view error,
   });
 }
 
-result<void> store::snooze(attempt_id attempt, sdk::microseconds delay) {
+result<void> store::snooze(attempt_id attempt, std::chrono::microseconds delay) {
   return transact<void>(*state_, tx_mode::write, [&](soci::session& s, std::int64_t now) {
     auto r = take_receipt(s, attempt);
     if (!r) return result<void>(errc::stale_attempt);
@@ -856,9 +856,9 @@ result<job_info> store::read_job(std::int64_t job_id) {
 
 // ---- maintenance ----------------------------------------------------------------------------
 
-result<std::vector<sdk::rescued_attempt>> store::rescue_stale(sdk::microseconds stale_after) {
+result<std::vector<rescued_attempt>> store::rescue_stale(std::chrono::microseconds stale_after) {
   if (stale_after.count() < 0) return errc::invalid_argument;
-  using out_t = std::vector<sdk::rescued_attempt>;
+  using out_t = std::vector<rescued_attempt>;
   return transact<out_t>(*state_, tx_mode::write, [&](soci::session& s, std::int64_t now) {
     // coalesce(heartbeat_at, claimed_at) + stale_after <= now, without overflowing.
     const std::int64_t idle_since = saturating_add(now, -stale_after.count());
@@ -912,8 +912,7 @@ result<std::int64_t> store::promote_due() {
   });
 }
 
-result<sdk::attempt_evidence> store::reconcile(attempt_id attempt) {
-  using sdk::attempt_evidence;
+result<attempt_evidence> store::reconcile(attempt_id attempt) {
   return transact<attempt_evidence>(*state_, tx_mode::read, [&](soci::session& s, std::int64_t) {
     if (receipt_exists(s, attempt)) return result<attempt_evidence>(attempt_evidence::open);
     int completed = 0;

@@ -1,4 +1,4 @@
-#include "adapters/testing/faulty_store.hpp"
+#include "tenure/testing/faulty_store.hpp"
 
 #include <algorithm>
 #include <array>
@@ -123,20 +123,20 @@ result<std::vector<attempt_id>> faulty_store::heartbeat(
                                        [&] { return inner_.heartbeat(attempts, progress); });
 }
 
-result<std::vector<sdk::completion_result>> faulty_store::complete(
-    std::span<const sdk::completion> batch) {
-  return call<std::vector<sdk::completion_result>>(op::complete,
+result<std::vector<completion_result>> faulty_store::complete(
+    std::span<const completion> batch) {
+  return call<std::vector<completion_result>>(op::complete,
                                                    [&] { return inner_.complete(batch); });
 }
 
 result<job_state> faulty_store::fail(attempt_id attempt, std::string_view error,
-                                     sdk::fail_disposition disposition,
-                                     std::optional<sdk::microseconds> retry_after) {
+                                     fail_disposition disposition,
+                                     std::optional<std::chrono::microseconds> retry_after) {
   return call<job_state>(op::fail,
                          [&] { return inner_.fail(attempt, error, disposition, retry_after); });
 }
 
-result<void> faulty_store::snooze(attempt_id attempt, sdk::microseconds delay) {
+result<void> faulty_store::snooze(attempt_id attempt, std::chrono::microseconds delay) {
   return call<void>(op::snooze, [&] { return inner_.snooze(attempt, delay); });
 }
 
@@ -148,19 +148,19 @@ result<std::optional<std::string>> faulty_store::checkpoint(attempt_id attempt) 
   return call<std::optional<std::string>>(op::checkpoint, [&] { return inner_.checkpoint(attempt); });
 }
 
-result<std::string> faulty_store::register_callback(attempt_id attempt, sdk::microseconds timeout) {
+result<std::string> faulty_store::register_callback(attempt_id attempt, std::chrono::microseconds timeout) {
   return call<std::string>(op::register_callback, [&] { return inner_.register_callback(attempt, timeout); });
 }
 
-result<sdk::callback_poll> faulty_store::await_callback(attempt_id attempt, std::string_view callback_id) {
-  return call<sdk::callback_poll>(op::await_callback, [&] { return inner_.await_callback(attempt, callback_id); });
+result<callback_poll> faulty_store::await_callback(attempt_id attempt, std::string_view callback_id) {
+  return call<callback_poll>(op::await_callback, [&] { return inner_.await_callback(attempt, callback_id); });
 }
 
 result<bool> faulty_store::resume_callback(std::string_view callback_id, std::string_view payload_json) {
   return call<bool>(op::resume_callback, [&] { return inner_.resume_callback(callback_id, payload_json); });
 }
 
-result<bool> faulty_store::extend_callback(std::string_view callback_id, sdk::microseconds timeout) {
+result<bool> faulty_store::extend_callback(std::string_view callback_id, std::chrono::microseconds timeout) {
   return call<bool>(op::extend_callback, [&] { return inner_.extend_callback(callback_id, timeout); });
 }
 
@@ -185,9 +185,9 @@ result<job_info> faulty_store::read_job(std::int64_t job_id) {
   return call<job_info>(op::read_job, [&] { return inner_.read_job(job_id); });
 }
 
-result<std::vector<sdk::rescued_attempt>> faulty_store::rescue_stale(
-    sdk::microseconds stale_after) {
-  return call<std::vector<sdk::rescued_attempt>>(op::rescue_stale,
+result<std::vector<rescued_attempt>> faulty_store::rescue_stale(
+    std::chrono::microseconds stale_after) {
+  return call<std::vector<rescued_attempt>>(op::rescue_stale,
                                                  [&] { return inner_.rescue_stale(stale_after); });
 }
 
@@ -195,12 +195,12 @@ result<std::int64_t> faulty_store::promote_due() {
   return call<std::int64_t>(op::promote_due, [&] { return inner_.promote_due(); });
 }
 
-result<sdk::attempt_evidence> faulty_store::reconcile(attempt_id attempt) {
-  return call<sdk::attempt_evidence>(op::reconcile, [&] { return inner_.reconcile(attempt); });
+result<attempt_evidence> faulty_store::reconcile(attempt_id attempt) {
+  return call<attempt_evidence>(op::reconcile, [&] { return inner_.reconcile(attempt); });
 }
 
 result<void> faulty_store::configure_queue(std::string_view queue,
-                                           const sdk::queue_settings& settings) {
+                                           const queue_settings& settings) {
   return call<void>(op::configure_queue, [&] { return inner_.configure_queue(queue, settings); });
 }
 

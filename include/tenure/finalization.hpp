@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// Caller-owned finalization: a handler finishes its job inside the caller's own PostgreSQL
-/// transaction, together with its business writes (DESIGN.md section 6).
+/// transaction, together with its business writes (docs/design.md section 6).
 ///
 /// A caller-owned handler (runtime::handle_caller_owned) returns
 /// `result<finalization_receipt>`. A receipt can only be made by a bridge's `complete_in_tx`,

@@ -26,10 +26,8 @@
 
 namespace tenure {
 
-namespace sdk {
 class storage_port;
 class signal_port;
-}  // namespace sdk
 
 using std::chrono::milliseconds;
 
@@ -248,37 +246,59 @@ struct job_event {
 };
 
 /// Counters and gauges. Monotonic counters never go down while the runtime lives.
+/// Every runtime metric, in one list: X(kind, type, field, prometheus name, help). `kind` is
+/// counter (a running total), gauge (a level), or state (computed when read: leadership). The
+/// runtime_metrics fields, the engine's counters and prometheus_text() (in this order) all come
+/// from this list, so a new metric is one line here.
+#define TENURE_RUNTIME_METRICS(X)                                                                             \
+  X(counter, std::uint64_t, claimed, "claimed_total", "Attempts claimed.")                                   \
+  X(counter, std::uint64_t, completed, "completed_total", "Completions durably applied.")                    \
+  X(counter, std::uint64_t, stale_rejected, "stale_rejected_total",                                          \
+    "Outcomes discarded because the attempt was no longer live.")                                             \
+  X(counter, std::uint64_t, retried, "retried_total", "Attempts that failed and will retry.")                \
+  X(counter, std::uint64_t, failed, "failed_total", "Jobs failed for good.")                                 \
+  X(counter, std::uint64_t, cancelled, "cancelled_total", "Jobs cancelled by their handler.")                \
+  X(counter, std::uint64_t, snoozed, "snoozed_total", "Attempts snoozed.")                                   \
+  X(counter, std::uint64_t, rescued, "rescued_total", "Attempts rescued by this process as maintenance leader.") \
+  X(counter, std::uint64_t, claims, "claims_total", "Claim statements.")                                     \
+  X(counter, std::uint64_t, flushes, "flushes_total", "Completion flush statements answered.")               \
+  X(counter, std::uint64_t, flushed_items, "flushed_items_total", "Completions carried by answered flushes.") \
+  X(counter, std::uint64_t, flush_failures, "flush_failures_total",                                          \
+    "Completion flushes that failed and were retried.")                                                       \
+  X(counter, std::uint64_t, flush_latency_us_total, "flush_latency_microseconds_total",                      \
+    "Summed latency of answered flushes.")                                                                    \
+  X(counter, std::uint64_t, heartbeats, "heartbeats_total", "Heartbeat statements.")                         \
+  X(counter, std::uint64_t, database_errors, "database_errors_total", "Database calls that failed.")         \
+  X(counter, std::uint64_t, reconciliations, "reconciliations_total",                                        \
+    "Durable-evidence reads after a caller-owned exit or an unknown outcome.")                                \
+  X(counter, std::uint64_t, reconcile_reads, "reconcile_reads_total",                                        \
+    "Set-based evidence statements (caller-owned exits, in-doubt flushes).")                                  \
+  X(counter, std::uint64_t, protocol_warnings, "protocol_warnings_total",                                    \
+    "Handler exits contradicted by durable evidence.")                                                        \
+  X(counter, std::uint64_t, cancel_checks, "cancel_checks_total",                                            \
+    "Liveness reads for cancel notifications (one per coalesced batch).")                                     \
+  X(counter, std::uint64_t, capacity_released, "capacity_released_total",                                    \
+    "Permits released while the database could not answer for an attempt.")                                  \
+  X(gauge, std::uint64_t, flush_max_size, "flush_max_size", "Largest flush so far.")                         \
+  X(gauge, std::int64_t, in_flight, "in_flight", "Attempts held by this process.")                           \
+  X(gauge, std::int64_t, permits_held, "permits_held", "Capacity permits held by attempts.")                 \
+  X(gauge, std::int64_t, watching, "watching", "Attempts whose permit was released while still reconciling.") \
+  X(gauge, std::int64_t, pending_completions, "pending_completions",                                         \
+    "Completed outcomes waiting for (or in) a completion flush.")                                             \
+  X(state, bool, leader, "leader", "1 when this process runs maintenance.")                                  \
+  X(state, std::int64_t, leader_term, "leader_term",                                                         \
+    "Term of the maintenance lease this process holds (0 when it holds none).")                              \
+  X(counter, std::uint64_t, leadership_lost, "leadership_lost_total",                                        \
+    "Maintenance passes the database refused because the lease was lost.")
+
+/// A snapshot of the runtime's metrics (see TENURE_RUNTIME_METRICS for what each one counts).
+/// pending_completions after stop(): the completions it could not flush (their attempts stay
+/// open for rescue). watching: attempts past their reconcile budget, permit released, still
+/// reconciling.
 struct runtime_metrics {
-  std::uint64_t claimed = 0;
-  std::uint64_t completed = 0;
-  std::uint64_t stale_rejected = 0;  ///< outcomes discarded because the attempt was no longer live
-  std::uint64_t retried = 0;
-  std::uint64_t failed = 0;
-  std::uint64_t cancelled = 0;
-  std::uint64_t snoozed = 0;
-  std::uint64_t rescued = 0;      ///< attempts this process rescued as maintenance leader
-  std::uint64_t claims = 0;       ///< claim statements
-  std::uint64_t flushes = 0;      ///< completion flush statements answered
-  std::uint64_t flushed_items = 0;
-  std::uint64_t flush_failures = 0;
-  std::uint64_t flush_max_size = 0;
-  std::uint64_t flush_latency_us_total = 0;
-  std::uint64_t heartbeats = 0;   ///< heartbeat statements
-  std::uint64_t database_errors = 0;
-  std::uint64_t reconciliations = 0;     ///< attempts whose evidence was read (caller-owned exit, doubt)
-  std::uint64_t reconcile_reads = 0;     ///< set-based evidence statements (exits, in-doubt flushes)
-  std::uint64_t protocol_warnings = 0;   ///< handler exits the durable evidence contradicted
-  std::uint64_t capacity_released = 0;   ///< permits released while evidence was unreachable
-  std::uint64_t cancel_checks = 0;       ///< liveness reads for cancel notifications (coalesced)
-  std::int64_t in_flight = 0;     ///< attempts held (running or waiting for their flush)
-  std::int64_t permits_held = 0;  ///< capacity permits held by attempts (all queues)
-  std::int64_t watching = 0;      ///< attempts past their reconcile budget: permit released, still reconciling
-  /// Completed outcomes the database has not answered for yet (queued or in a flush); after
-  /// stop(), the ones it could not flush (their attempts stay open for rescue).
-  std::int64_t pending_completions = 0;
-  bool leader = false;
-  std::int64_t leader_term = 0;  ///< the term of the lease held (0 when not the leader)
-  std::uint64_t leadership_lost = 0;  ///< maintenance passes refused because the lease was lost
+#define TENURE_RUNTIME_METRIC_FIELD(kind, type, field, name, help) type field{};
+  TENURE_RUNTIME_METRICS(TENURE_RUNTIME_METRIC_FIELD)
+#undef TENURE_RUNTIME_METRIC_FIELD
 };
 
 class runtime {
@@ -292,8 +312,8 @@ class runtime {
 
   /// Validates the config. errc::invalid_argument with `detail` for a bad one.
   static result<std::unique_ptr<runtime>> create(runtime_config config,
-                                                 std::shared_ptr<sdk::storage_port> store,
-                                                 std::shared_ptr<sdk::signal_port> signals = nullptr,
+                                                 std::shared_ptr<storage_port> store,
+                                                 std::shared_ptr<signal_port> signals = nullptr,
                                                  std::string* detail = nullptr);
   ~runtime();  ///< stop()s
   runtime(const runtime&) = delete;

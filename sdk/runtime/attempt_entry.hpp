@@ -15,7 +15,7 @@
 
 #include "sdk/runtime/storable.hpp"
 #include "tenure/job.hpp"
-#include "sdk/storage_port.hpp"
+#include "tenure/storage_port.hpp"
 
 namespace tenure::detail {
 
@@ -146,7 +146,7 @@ struct attempt_entry {
   }
 
   /// The store, for the handler's own guarded calls (flush_progress, previous_progress).
-  std::shared_ptr<sdk::storage_port> store;
+  std::shared_ptr<storage_port> store;
   /// Caps the store calls handlers make at once (keeps connections for heartbeats); may be null.
   std::shared_ptr<call_gate> store_gate;
   /// Runs a handler-side store call `fn(store)` through the gate.

@@ -76,7 +76,7 @@ result<bool> job_context::flush_progress() {
   const auto& a = entry_->claim.attempt;
   auto progress = entry_->take_progress();
   const std::optional<std::string> items[1] = {progress};
-  auto r = entry_->with_store([&](sdk::storage_port& st) {
+  auto r = entry_->with_store([&](storage_port& st) {
     return st.heartbeat(std::span<const attempt_id>{&a, 1}, progress ? std::span<const std::optional<std::string>>{items}
                                                                       : std::span<const std::optional<std::string>>{});
   });
@@ -93,7 +93,7 @@ result<bool> job_context::flush_progress() {
 result<std::string> job_context::register_callback(milliseconds timeout) {
   if (timeout.count() <= 0) return make_error_code(errc::invalid_argument);
   auto id = entry_->with_store(
-      [&](sdk::storage_port& st) { return st.register_callback(entry_->claim.attempt, timeout); });
+      [&](storage_port& st) { return st.register_callback(entry_->claim.attempt, timeout); });
   if (!id && id.error() == errc::stale_attempt) entry_->cancel();
   return id;
 }
@@ -106,7 +106,7 @@ result<nlohmann::json> job_context::wait_for_callback(const std::string& callbac
     const bool cancelled = entry_->is_cancelled();
     const auto pokes = entry_->pokes.load(std::memory_order_acquire);
     auto r = entry_->with_store(
-        [&](sdk::storage_port& st) { return st.await_callback(entry_->claim.attempt, callback_id); });
+        [&](storage_port& st) { return st.await_callback(entry_->claim.attempt, callback_id); });
     if (cancelled) {
       // One last look tells why: the attempt is gone (stale), was resumed just now, or is still
       // parked and this runtime is giving up on it (shutting down; it stays open until its
@@ -154,7 +154,7 @@ result<std::optional<nlohmann::json>> job_context::previous_progress() {
     text = entry_->checkpoint;
   }
   if (!read) {
-    TENURE_TRY(text, entry_->with_store([&](sdk::storage_port& st) { return st.checkpoint(entry_->claim.attempt); }));
+    TENURE_TRY(text, entry_->with_store([&](storage_port& st) { return st.checkpoint(entry_->claim.attempt); }));
     std::lock_guard lock(entry_->mu);
     entry_->checkpoint_read = true;
     entry_->checkpoint = text;

@@ -23,9 +23,6 @@ namespace {
 
 using namespace std::chrono_literals;
 using nlohmann::json;
-using sdk::attempt_evidence;
-using sdk::completion;
-using sdk::fail_disposition;
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 using ::testing::SizeIs;
@@ -121,12 +118,12 @@ bool storage_contract::complete(attempt_id attempt, std::optional<std::string> p
   return results.front().applied;
 }
 
-std::vector<sdk::rescued_attempt> storage_contract::rescue_all() {
+std::vector<rescued_attempt> storage_contract::rescue_all() {
   be().make_attempts_stale();
   return must(db().rescue_stale(be().stale_after()));
 }
 
-void storage_contract::configure(std::string_view queue, const sdk::queue_settings& settings) {
+void storage_contract::configure(std::string_view queue, const queue_settings& settings) {
   must(db().configure_queue(queue, settings));
 }
 
@@ -948,7 +945,7 @@ TEST_P(storage_contract, promote_due_moves_only_due_jobs) {
 }
 
 TEST_P(storage_contract, configure_queue_rejects_bad_settings_and_replaces_good_ones) {
-  const std::vector<sdk::queue_settings> bad{{.hard_deadline = 0us},
+  const std::vector<queue_settings> bad{{.hard_deadline = 0us},
                                              {.hard_deadline = -1s},
                                              {.backoff_base = -1s},
                                              {.backoff_base = 2h, .backoff_cap = 1h}};
@@ -1064,7 +1061,7 @@ TEST_P(storage_contract, concurrent_claimers_never_share_a_job) {
   const auto ids = must(db().enqueue_batch(jobs));
   ASSERT_THAT(ids, SizeIs(k_jobs));
 
-  std::vector<std::unique_ptr<sdk::storage_port>> connections;
+  std::vector<std::unique_ptr<storage_port>> connections;
   for (int t = 0; t < k_threads; ++t) connections.push_back(be().another_connection());
   std::mutex mu;
   std::vector<attempt_id> claimed;
@@ -1158,7 +1155,7 @@ TEST_P(storage_contract, concurrent_completions_of_one_attempt_apply_once) {
   std::mutex mu;
   std::map<attempt_id, int> applied;
   std::vector<std::string> errors;
-  std::vector<std::unique_ptr<sdk::storage_port>> connections;
+  std::vector<std::unique_ptr<storage_port>> connections;
   for (int t = 0; t < 2; ++t) connections.push_back(be().another_connection());
   std::vector<std::thread> threads;
   for (auto& conn : connections) {

@@ -27,7 +27,7 @@
 
 #include <gtest/gtest.h>
 
-#include "sdk/storage_port.hpp"
+#include "tenure/storage_port.hpp"
 #include "tenure/job.hpp"
 #include "tenure/result.hpp"
 
@@ -39,11 +39,11 @@ struct backend {
   virtual ~backend() = default;
 
   /// The store under test: fresh and empty when the backend is made. Lives as long as the backend.
-  virtual sdk::storage_port& store() = 0;
+  virtual storage_port& store() = 0;
 
   /// A new, independent handle (own connection) on the same database, for races. The test
   /// destroys it before it destroys the backend.
-  virtual std::unique_ptr<sdk::storage_port> another_connection() = 0;
+  virtual std::unique_ptr<storage_port> another_connection() = 0;
 
   /// The database's current time: what `enqueue` compares run_at with. Tests compute future
   /// run_at values from it (e.g. `now() + 1h`), never from the test machine's clock directly.
@@ -80,7 +80,7 @@ class storage_contract : public ::testing::TestWithParam<backend_factory> {
   void TearDown() override;
 
   backend& be() { return *backend_; }
-  sdk::storage_port& db() { return backend_->store(); }
+  storage_port& db() { return backend_->store(); }
 
   /// A valid job of `kind` in `queue`; the other fields keep their defaults.
   static new_job make_job(std::string kind = "k", std::string queue = "default");
@@ -92,9 +92,9 @@ class storage_contract : public ::testing::TestWithParam<backend_factory> {
   /// Completes one attempt; true when applied, false when stale.
   bool complete(attempt_id attempt, std::optional<std::string> progress = std::nullopt);
   /// make_attempts_stale() then rescue_stale(stale_after()).
-  std::vector<sdk::rescued_attempt> rescue_all();
+  std::vector<rescued_attempt> rescue_all();
   /// db().configure_queue(queue, settings), which must succeed.
-  void configure(std::string_view queue, const sdk::queue_settings& settings);
+  void configure(std::string_view queue, const queue_settings& settings);
 
  private:
   std::unique_ptr<backend> backend_;
@@ -109,7 +109,7 @@ inline void PrintTo(const attempt_id& a, std::ostream* os) {
 }
 inline void PrintTo(job_state s, std::ostream* os) { *os << to_string(s); }
 }  // namespace tenure
-namespace tenure::sdk {
+namespace tenure {
 inline void PrintTo(attempt_evidence e, std::ostream* os) {
   switch (e) {
     case attempt_evidence::open: *os << "open"; return;
@@ -119,4 +119,4 @@ inline void PrintTo(attempt_evidence e, std::ostream* os) {
   }
   *os << "attempt_evidence(" << static_cast<int>(e) << ")";
 }
-}  // namespace tenure::sdk
+}  // namespace tenure

@@ -13,7 +13,7 @@
 #include <string>
 #include <thread>
 
-#include "adapters/testing/faulty_store.hpp"
+#include "tenure/testing/faulty_store.hpp"
 #include "support/pg.hpp"
 #include "tenure/libpq.hpp"
 #include "tenure/postgres/runtime.hpp"

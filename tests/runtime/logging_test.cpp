@@ -12,8 +12,8 @@
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 
-#include "adapters/sqlite/sqlite_store.hpp"
-#include "sdk/clock.hpp"
+#include "tenure/sqlite/store.hpp"
+#include "tenure/clock.hpp"
 #include "tenure/log.hpp"
 #include "tenure/runtime.hpp"
 
@@ -68,7 +68,7 @@ class logging : public ::testing::Test {
   std::int64_t run_one_failing_job(runtime_config c) {
     auto store = sqlite::store::open(":memory:", clock_);
     if (!store) throw std::runtime_error(store.error().message());
-    std::shared_ptr<sdk::storage_port> shared{std::move(store).value()};
+    std::shared_ptr<storage_port> shared{std::move(store).value()};
     auto id = shared->enqueue({.kind = "k"});
     if (!id) throw std::runtime_error(id.error().message());
     c.queues = {{.name = "default", .max_concurrency = 1}};
@@ -88,7 +88,7 @@ class logging : public ::testing::Test {
     return id.value();
   }
 
-  sdk::manual_clock clock_;
+  manual_clock clock_;
   std::shared_ptr<kept_lines> default_sink_;
   std::shared_ptr<spdlog::logger> previous_default_;
 };

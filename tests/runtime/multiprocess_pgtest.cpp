@@ -1,5 +1,5 @@
 // Several runtime processes on one database share the work: no job is lost, and a job runs twice
-// only when its earlier attempt belonged to a process that crashed (at-least-once, DESIGN.md 9).
+// only when its earlier attempt belonged to a process that crashed (at-least-once, docs/design.md §10).
 //
 // Three worker processes (worker_process.cpp) drain 20,000 jobs; one is killed with SIGKILL
 // mid-run. Every execution is recorded durably in a side table by the handler itself, before

@@ -6,7 +6,7 @@
 #include <atomic>
 #include <future>
 
-#include "adapters/testing/faulty_store.hpp"
+#include "tenure/testing/faulty_store.hpp"
 #include "runtime/runtime_fixture.hpp"
 
 namespace tenure::test {

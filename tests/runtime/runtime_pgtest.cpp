@@ -10,7 +10,7 @@
 #include <boost/beast/http.hpp>
 
 #include "runtime/runtime_fixture.hpp"
-#include "sdk/signal_port.hpp"
+#include "tenure/signal_port.hpp"
 
 namespace tenure::test {
 namespace {

@@ -11,9 +11,9 @@
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 
-#include "adapters/testing/faulty_store.hpp"
-#include "adapters/sqlite/sqlite_store.hpp"
-#include "sdk/clock.hpp"
+#include "tenure/testing/faulty_store.hpp"
+#include "tenure/sqlite/store.hpp"
+#include "tenure/clock.hpp"
 #include "tenure/runtime.hpp"
 
 namespace tenure {
@@ -65,7 +65,7 @@ class runtime_unit : public ::testing::Test {
   }
   job_state state(std::int64_t id) { return inner_->read_job(id).value().state; }
 
-  sdk::manual_clock clock_;
+  manual_clock clock_;
   std::unique_ptr<sqlite::store> inner_;
   std::shared_ptr<testing::faulty_store> faulty_;
 };

@@ -6,7 +6,7 @@
 #include <future>
 
 #include "runtime/runtime_fixture.hpp"
-#include "sdk/signal_port.hpp"
+#include "tenure/signal_port.hpp"
 #include "support/fault_proxy.hpp"
 
 namespace tenure::test {
@@ -17,7 +17,7 @@ using steady = std::chrono::steady_clock;
 class signals_pg : public runtime_pg {
  protected:
   fault_proxy proxy_{schema_.dsn()};
-  std::shared_ptr<sdk::signal_port> port(const std::string& dsn, const std::string& name) {
+  std::shared_ptr<signal_port> port(const std::string& dsn, const std::string& name) {
     return postgres::make_signal_port(dsn, schema_.name(), name);
   }
 };

@@ -38,7 +38,7 @@ result<std::unique_ptr<runtime>> make_runtime(runtime_options options, std::stri
 /// The signal port over one libpq session: LISTEN <schema>_wake, <schema>_cancel and
 /// <schema>_callback, and the maintenance lease (<schema>.acquire_leadership: a row with an
 /// expiry, never a session lock, so neither a paused process nor a pooled connection keeps it).
-std::shared_ptr<sdk::signal_port> make_signal_port(std::string dsn, std::string schema,
+std::shared_ptr<signal_port> make_signal_port(std::string dsn, std::string schema,
                                                    std::string application_name = "tenure");
 
 }  // namespace tenure::postgres

@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "sdk/storage_port.hpp"
+#include "tenure/storage_port.hpp"
 #include "tenure/log.hpp"
 #include "tenure/result.hpp"
 
@@ -51,7 +51,7 @@ struct store_options {
 /// connection and blocks until its single statement answered. A broken connection is reopened
 /// on the next call. Every write is one autocommit statement; when the connection breaks after
 /// such a statement was sent, the call reports errc::commit_in_doubt (it may have been applied).
-class store final : public sdk::storage_port {
+class store final : public storage_port {
  public:
   /// Opens the pool (every connection at once) and checks that the schema is installed at the
   /// version this binary knows (errc::schema_mismatch otherwise). With pool_mode::detect, the
@@ -68,32 +68,32 @@ class store final : public sdk::storage_port {
   result<std::vector<attempt_id>> heartbeat(
       std::span<const attempt_id> attempts,
       std::span<const std::optional<std::string>> progress = {}) override;
-  result<std::vector<sdk::completion_result>> complete(std::span<const sdk::completion> batch) override;
-  result<job_state> fail(attempt_id attempt, std::string_view error, sdk::fail_disposition disposition,
-                         std::optional<sdk::microseconds> retry_after = std::nullopt) override;
-  result<void> snooze(attempt_id attempt, sdk::microseconds delay) override;
+  result<std::vector<completion_result>> complete(std::span<const completion> batch) override;
+  result<job_state> fail(attempt_id attempt, std::string_view error, fail_disposition disposition,
+                         std::optional<std::chrono::microseconds> retry_after = std::nullopt) override;
+  result<void> snooze(attempt_id attempt, std::chrono::microseconds delay) override;
   result<void> cancel_attempt(attempt_id attempt, std::string_view reason) override;
   result<std::optional<std::string>> checkpoint(attempt_id attempt) override;
-  result<std::string> register_callback(attempt_id attempt, sdk::microseconds timeout) override;
-  result<sdk::callback_poll> await_callback(attempt_id attempt, std::string_view callback_id) override;
+  result<std::string> register_callback(attempt_id attempt, std::chrono::microseconds timeout) override;
+  result<callback_poll> await_callback(attempt_id attempt, std::string_view callback_id) override;
   result<bool> resume_callback(std::string_view callback_id, std::string_view payload_json) override;
-  result<bool> extend_callback(std::string_view callback_id, sdk::microseconds timeout) override;
+  result<bool> extend_callback(std::string_view callback_id, std::chrono::microseconds timeout) override;
   result<bool> complete_callback(std::string_view callback_id,
                                  std::optional<std::string> progress_json = std::nullopt) override;
   result<bool> fail_callback(std::string_view callback_id, std::string_view error, bool retry) override;
   result<bool> cancel_job(std::int64_t job_id) override;
   result<bool> retry_job(std::int64_t job_id) override;
   result<job_info> read_job(std::int64_t job_id) override;
-  result<std::vector<sdk::rescued_attempt>> rescue_stale(sdk::microseconds stale_after) override;
+  result<std::vector<rescued_attempt>> rescue_stale(std::chrono::microseconds stale_after) override;
   result<std::int64_t> promote_due() override;
   /// Runs `<schema>.maintain(holder, term, stale_after)`: errc::leadership_lost (SQLSTATE TN004)
   /// when `lease` is no longer the current, unexpired maintenance lease.
-  result<std::vector<sdk::rescued_attempt>> maintain(const sdk::leader_lease& lease,
-                                                     sdk::microseconds stale_after) override;
-  result<sdk::attempt_evidence> reconcile(attempt_id attempt) override;
-  result<std::vector<sdk::attempt_evidence>> reconcile(std::span<const attempt_id> attempts) override;
+  result<std::vector<rescued_attempt>> maintain(const leader_lease& lease,
+                                                     std::chrono::microseconds stale_after) override;
+  result<attempt_evidence> reconcile(attempt_id attempt) override;
+  result<std::vector<attempt_evidence>> reconcile(std::span<const attempt_id> attempts) override;
 
-  result<void> configure_queue(std::string_view queue, const sdk::queue_settings& settings) override;
+  result<void> configure_queue(std::string_view queue, const queue_settings& settings) override;
 
   const store_options& options() const noexcept;
 

@@ -223,7 +223,7 @@ TEST_P(complete_in_tx, commit_makes_the_business_row_and_the_completion_exist_to
   EXPECT_EQ(orders(), 1);
   auto ev = store_->reconcile(c.attempt);
   ASSERT_TRUE(ev);
-  EXPECT_EQ(ev.value(), tenure::sdk::attempt_evidence::completed_by_this);
+  EXPECT_EQ(ev.value(), tenure::attempt_evidence::completed_by_this);
 }
 
 TEST_P(complete_in_tx, through_transaction_pooling_the_business_row_and_the_completion_commit_together) {
@@ -265,7 +265,7 @@ TEST_P(complete_in_tx, rollback_leaves_the_attempt_open_and_no_business_row) {
   tx->rollback();
   EXPECT_EQ(job(c.attempt.job_id), "running 1");
   EXPECT_EQ(orders(), 0);
-  EXPECT_EQ(store_->reconcile(c.attempt).value(), tenure::sdk::attempt_evidence::open);
+  EXPECT_EQ(store_->reconcile(c.attempt).value(), tenure::attempt_evidence::open);
 }
 
 TEST_P(complete_in_tx, stale_after_rescue_aborts_the_callers_business_writes) {

@@ -69,7 +69,7 @@ TEST_F(pooler, several_store_clients_enqueue_claim_and_complete_repeatedly_throu
           ++failures;
           return;
         }
-        const tenure::sdk::completion done{got.value()[0].attempt, std::nullopt};
+        const tenure::completion done{got.value()[0].attempt, std::nullopt};
         auto completed = st.complete({&done, 1});
         auto job = st.read_job(id.value());
         if (!completed || !completed.value().at(0).applied || !job || job.value().state != tenure::job_state::completed) {

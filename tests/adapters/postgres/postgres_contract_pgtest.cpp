@@ -16,8 +16,8 @@ class postgres_backend final : public tenure::contract::backend {
  public:
   postgres_backend() : store_(open()) {}
 
-  tenure::sdk::storage_port& store() override { return *store_; }
-  std::unique_ptr<tenure::sdk::storage_port> another_connection() override { return open(); }
+  tenure::storage_port& store() override { return *store_; }
+  std::unique_ptr<tenure::storage_port> another_connection() override { return open(); }
   tenure::time_point now() const override {
     const auto us = std::stoll(admin_.scalar("SELECT floor(extract(epoch from now()) * 1000000)::bigint"));
     return tenure::time_point{std::chrono::microseconds{us}};

@@ -1,7 +1,7 @@
 // Runs the storage contract suite against the SQLite fake.
 #include <stdexcept>
 
-#include "adapters/sqlite/sqlite_store.hpp"
+#include "tenure/sqlite/store.hpp"
 #include "temp_db.hpp"
 #include "contract/storage_contract.hpp"
 
@@ -16,8 +16,8 @@ class sqlite_backend final : public tenure::contract::backend {
   sqlite_backend() : store_(open()) {}
   ~sqlite_backend() override { store_.reset(); }  // close before temp_db removes the file
 
-  tenure::sdk::storage_port& store() override { return *store_; }
-  std::unique_ptr<tenure::sdk::storage_port> another_connection() override { return open(); }
+  tenure::storage_port& store() override { return *store_; }
+  std::unique_ptr<tenure::storage_port> another_connection() override { return open(); }
   tenure::time_point now() const override { return clock_.now(); }
   void pass_time(std::chrono::microseconds d) override { clock_.advance(d); }
   // Ages every open attempt by moving the clock: rescue then applies its real comparison.
@@ -32,7 +32,7 @@ class sqlite_backend final : public tenure::contract::backend {
   }
 
   tenure::sqlite::test::temp_db db_;
-  tenure::sdk::manual_clock clock_;
+  tenure::manual_clock clock_;
   std::unique_ptr<tenure::sqlite::store> store_;
 };
 

@@ -10,16 +10,13 @@
 #include <set>
 #include <thread>
 
-#include "adapters/sqlite/sqlite_store.hpp"
+#include "tenure/sqlite/store.hpp"
 #include "temp_db.hpp"
 
 namespace tenure::sqlite {
 namespace {
 
 using namespace std::chrono_literals;
-using sdk::attempt_evidence;
-using sdk::completion;
-using sdk::fail_disposition;
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 using ::testing::SizeIs;
@@ -52,7 +49,7 @@ class sqlite_store : public ::testing::Test {
     return must(db_->complete(std::span(&item, 1))).at(0).applied;
   }
 
-  sdk::manual_clock clock_;
+  manual_clock clock_;
   std::unique_ptr<store> db_;
 };
 
@@ -138,7 +135,7 @@ TEST_F(sqlite_store, backoff_is_exponential_with_equal_jitter_and_capped) {
 
 TEST_F(sqlite_store, backoff_jitter_is_deterministic_for_a_seed) {
   auto delays = [](std::uint64_t seed) {
-    sdk::manual_clock clock;
+    manual_clock clock;
     auto db = must(store::open(":memory:", clock, {.seed = seed}));
     auto j = job();
     j.max_attempts = 10;
@@ -205,7 +202,7 @@ TEST_F(sqlite_store, configure_queue_rejects_bad_policies) {
 }
 
 TEST_F(sqlite_store, in_memory_databases_are_private) {
-  sdk::manual_clock clock;
+  manual_clock clock;
   auto other = must(store::open(":memory:", clock));
   const auto id = must(db_->enqueue(job()));
   EXPECT_EQ(other->read_job(id).error(), errc::job_not_found);
@@ -236,7 +233,7 @@ TEST_F(sqlite_store, one_handle_serves_many_threads) {
 
 TEST(sqlite_store_file, reopening_a_file_keeps_its_jobs) {
   test::temp_db file;
-  sdk::manual_clock clock;
+  manual_clock clock;
   std::int64_t id = 0;
   {
     auto db = must(store::open(file.path(), clock));
@@ -253,14 +250,14 @@ TEST(sqlite_store_file, another_schema_version_is_refused) {
     soci::session raw(soci::sqlite3, file.path());
     raw << "PRAGMA user_version = 99";
   }
-  sdk::manual_clock clock;
+  manual_clock clock;
   auto db = store::open(file.path(), clock);
   ASSERT_FALSE(db);
   EXPECT_EQ(db.error(), errc::schema_mismatch);
 }
 
 TEST(sqlite_store_file, an_unreachable_path_is_database_unavailable) {
-  sdk::manual_clock clock;
+  manual_clock clock;
   auto db = store::open("/nonexistent-tenure-dir/sub/x.db", clock);
   ASSERT_FALSE(db);
   EXPECT_EQ(db.error(), errc::database_unavailable);
@@ -269,7 +266,7 @@ TEST(sqlite_store_file, an_unreachable_path_is_database_unavailable) {
 
 TEST(sqlite_store_file, a_broken_schema_is_database_error_not_an_exception) {
   test::temp_db file;
-  sdk::manual_clock clock;
+  manual_clock clock;
   auto db = must(store::open(file.path(), clock));
   const auto id = must(db->enqueue(job()));
   soci::session raw(soci::sqlite3, file.path());
@@ -285,7 +282,7 @@ TEST(sqlite_store_file, a_broken_schema_is_database_error_not_an_exception) {
 
 TEST(sqlite_store_file, a_held_write_lock_is_a_transient_conflict) {
   test::temp_db file;
-  sdk::manual_clock clock;
+  manual_clock clock;
   auto db = must(store::open(file.path(), clock, {.busy_timeout = 0ms}));
   soci::session raw(soci::sqlite3, file.path());
   raw << "BEGIN IMMEDIATE";

@@ -5,17 +5,14 @@
 #include <atomic>
 #include <thread>
 
-#include "adapters/testing/faulty_store.hpp"
-#include "adapters/sqlite/sqlite_store.hpp"
+#include "tenure/testing/faulty_store.hpp"
+#include "tenure/sqlite/store.hpp"
 
 namespace tenure::testing {
 namespace {
 
 using namespace std::chrono_literals;
 using sqlite::store;
-using sdk::attempt_evidence;
-using sdk::completion;
-using sdk::fail_disposition;
 using ::testing::IsEmpty;
 using ::testing::SizeIs;
 
@@ -32,7 +29,7 @@ new_job job() {
 }
 
 /// Calls `o` once with harmless arguments; returns its error, or an empty code on success.
-std::error_code call(sdk::storage_port& s, op o) {
+std::error_code call(storage_port& s, op o) {
   const attempt_id a{1, 1};
   const new_job j = job();
   const completion c{a, std::nullopt};
@@ -68,7 +65,7 @@ class sqlite_faulty_store : public ::testing::Test {
  protected:
   void SetUp() override { inner_ = must(store::open(":memory:", clock_)); }
 
-  sdk::manual_clock clock_;
+  manual_clock clock_;
   std::unique_ptr<store> inner_;
 };
 

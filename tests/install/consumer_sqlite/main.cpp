@@ -2,11 +2,11 @@
 // the fault injector into the SQLite fake, then one refused call.
 #include <iostream>
 
-#include <adapters/sqlite/sqlite_store.hpp>
-#include <adapters/testing/faulty_store.hpp>
+#include <tenure/sqlite/store.hpp>
+#include <tenure/testing/faulty_store.hpp>
 
 int main() {
-  auto inner = tenure::sqlite::store::open(":memory:", tenure::sdk::system_clock::instance());
+  auto inner = tenure::sqlite::store::open(":memory:", tenure::system_clock::instance());
   if (!inner) return 1;
   tenure::testing::faulty_store db(*inner.value());
   auto id = db.enqueue({.kind = "consumer"});

@@ -20,7 +20,7 @@
 #include "tenure/result.hpp"
 #include "tenure/token.hpp"
 
-namespace tenure::sdk {
+namespace tenure {
 
 struct signal {
   /// wake: a queue may have work. cancel: an attempt may have been cancelled, rescued or finished
@@ -52,4 +52,4 @@ class signal_port {
   virtual void resign(const std::string& holder, std::int64_t term) noexcept = 0;
 };
 
-}  // namespace tenure::sdk
+}  // namespace tenure

@@ -6,7 +6,7 @@
 
 #include "tenure/job.hpp"
 
-namespace tenure::sdk {
+namespace tenure {
 
 /// Reads the current time. Implementations are thread-safe and never block.
 class clock_port {
@@ -41,4 +41,4 @@ class manual_clock final : public clock_port {
   std::atomic<clock_type::duration::rep> now_;
 };
 
-}  // namespace tenure::sdk
+}  // namespace tenure

@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "sdk/storage_port.hpp"
+#include "tenure/storage_port.hpp"
 
 namespace tenure::testing {
 
@@ -54,10 +54,10 @@ std::string_view to_string(op o) noexcept;
 /// Rules count calls from the moment they are armed (n = 1 is the next call of that operation).
 /// Every armed rule of an operation counts each of its calls made while connected; when several
 /// come due on one call, the one armed first decides and all of them are spent.
-class faulty_store final : public sdk::storage_port {
+class faulty_store final : public storage_port {
  public:
   /// `inner` must outlive this decorator.
-  explicit faulty_store(sdk::storage_port& inner) noexcept : inner_(inner) {}
+  explicit faulty_store(storage_port& inner) noexcept : inner_(inner) {}
 
   /// The n-th call of `o` returns `code` without reaching the inner store (nothing is written).
   void fail_nth(op o, int n, errc code);
@@ -92,30 +92,30 @@ class faulty_store final : public sdk::storage_port {
   result<std::vector<attempt_id>> heartbeat(
       std::span<const attempt_id> attempts,
       std::span<const std::optional<std::string>> progress = {}) override;
-  result<std::vector<sdk::completion_result>> complete(
-      std::span<const sdk::completion> batch) override;
+  result<std::vector<completion_result>> complete(
+      std::span<const completion> batch) override;
   result<job_state> fail(attempt_id attempt, std::string_view error,
-                         sdk::fail_disposition disposition,
-                         std::optional<sdk::microseconds> retry_after = std::nullopt) override;
-  result<void> snooze(attempt_id attempt, sdk::microseconds delay) override;
+                         fail_disposition disposition,
+                         std::optional<std::chrono::microseconds> retry_after = std::nullopt) override;
+  result<void> snooze(attempt_id attempt, std::chrono::microseconds delay) override;
   result<void> cancel_attempt(attempt_id attempt, std::string_view reason) override;
   result<std::optional<std::string>> checkpoint(attempt_id attempt) override;
-  result<std::string> register_callback(attempt_id attempt, sdk::microseconds timeout) override;
-  result<sdk::callback_poll> await_callback(attempt_id attempt, std::string_view callback_id) override;
+  result<std::string> register_callback(attempt_id attempt, std::chrono::microseconds timeout) override;
+  result<callback_poll> await_callback(attempt_id attempt, std::string_view callback_id) override;
   result<bool> resume_callback(std::string_view callback_id, std::string_view payload_json) override;
-  result<bool> extend_callback(std::string_view callback_id, sdk::microseconds timeout) override;
+  result<bool> extend_callback(std::string_view callback_id, std::chrono::microseconds timeout) override;
   result<bool> complete_callback(std::string_view callback_id,
                                  std::optional<std::string> progress_json = std::nullopt) override;
   result<bool> fail_callback(std::string_view callback_id, std::string_view error, bool retry) override;
   result<bool> cancel_job(std::int64_t job_id) override;
   result<bool> retry_job(std::int64_t job_id) override;
   result<job_info> read_job(std::int64_t job_id) override;
-  result<std::vector<sdk::rescued_attempt>> rescue_stale(sdk::microseconds stale_after) override;
+  result<std::vector<rescued_attempt>> rescue_stale(std::chrono::microseconds stale_after) override;
   result<std::int64_t> promote_due() override;
-  result<sdk::attempt_evidence> reconcile(attempt_id attempt) override;
-  using sdk::storage_port::reconcile;  // the batch form asks one at a time: each call counts
+  result<attempt_evidence> reconcile(attempt_id attempt) override;
+  using storage_port::reconcile;  // the batch form asks one at a time: each call counts
   result<void> configure_queue(std::string_view queue,
-                               const sdk::queue_settings& settings) override;
+                               const queue_settings& settings) override;
 
  private:
   enum class fault { none, refuse, in_doubt };
@@ -134,7 +134,7 @@ class faulty_store final : public sdk::storage_port {
   template <class T, class Forward>
   result<T> call(op o, Forward&& forward);
 
-  sdk::storage_port& inner_;
+  storage_port& inner_;
   mutable std::mutex mutex_;
   std::condition_variable released_;
   std::array<bool, k_op_count> held_{};

@@ -6,7 +6,7 @@
 /// It keeps the lifecycle layout of adapters/postgres/sql/0001_base.sql (ready, deferred,
 /// receipts, attempt_state, done, dead_letter, queues and a `jobs` view) and gives every port
 /// method the semantics of the matching SQL function. Timestamps are int64 microseconds read from
-/// the injected clock, never the wall clock, so tests drive time with `sdk::manual_clock`.
+/// the injected clock, never the wall clock, so tests drive time with `manual_clock`.
 ///
 /// Concurrency: one mutex serialises every call on a handle, and each call is one SQLite
 /// transaction (BEGIN IMMEDIATE for writes). Several handles on the same file serialise on
@@ -23,8 +23,8 @@
 #include <string_view>
 #include <vector>
 
-#include "sdk/clock.hpp"
-#include "sdk/storage_port.hpp"
+#include "tenure/clock.hpp"
+#include "tenure/storage_port.hpp"
 
 namespace tenure::sqlite {
 
@@ -33,7 +33,7 @@ struct store_state;
 }
 
 /// The SQLite store. See the file comment.
-class store final : public sdk::storage_port {
+class store final : public storage_port {
  public:
   struct options {
     /// Seeds the backoff jitter; two stores with one seed and one history pick the same delays.
@@ -47,9 +47,9 @@ class store final : public sdk::storage_port {
   /// Errors: errc::database_unavailable when the file cannot be opened, errc::schema_mismatch for
   /// a database of an unknown schema version, errc::invalid_argument for a path containing '"'.
   /// Blocks; never throws.
-  static result<std::unique_ptr<store>> open(std::string path, const sdk::clock_port& clock,
+  static result<std::unique_ptr<store>> open(std::string path, const clock_port& clock,
                                              options opts);
-  static result<std::unique_ptr<store>> open(std::string path, const sdk::clock_port& clock) {
+  static result<std::unique_ptr<store>> open(std::string path, const clock_port& clock) {
     return open(std::move(path), clock, options{});
   }
 
@@ -62,18 +62,18 @@ class store final : public sdk::storage_port {
                                std::optional<std::chrono::microseconds> hard_deadline,
                                std::chrono::microseconds backoff_base = std::chrono::seconds{1},
                                std::chrono::microseconds backoff_cap = std::chrono::hours{1}) {
-    return configure_queue(queue, sdk::queue_settings{dead_letter, hard_deadline, backoff_base,
+    return configure_queue(queue, queue_settings{dead_letter, hard_deadline, backoff_base,
                                                       backoff_cap});
   }
 
-  // ---- storage_port (semantics: sdk/storage_port.hpp and 0001_base.sql) -------------------
+  // ---- storage_port (semantics: tenure/storage_port.hpp and 0001_base.sql) -------------------
   result<std::int64_t> enqueue(const new_job& job) override;
   result<std::vector<std::int64_t>> enqueue_batch(std::span<const new_job> jobs) override;
 
   /// errc::invalid_argument for max_jobs outside 1..10000 (as tenure.claim). Promotes at most
   /// 1000 due deferred jobs of the queue first. There is no wake-up channel, so the
   /// `going_to_sleep` overload is the port's default (no waiter bookkeeping).
-  using sdk::storage_port::claim;
+  using storage_port::claim;
   result<std::vector<claimed_attempt>> claim(std::string_view queue, int max_jobs,
                                              std::string_view worker) override;
   /// Live attempts come back once each, ordered by (job_id, run_lease). errc::invalid_argument
@@ -85,12 +85,12 @@ class store final : public sdk::storage_port {
   /// its first copy reports the outcome, a repeat is stale (as the Postgres adapter maps the
   /// set-based SQL); the first non-empty progress among the copies wins.
   /// errc::invalid_argument for invalid progress JSON.
-  result<std::vector<sdk::completion_result>> complete(
-      std::span<const sdk::completion> batch) override;
+  result<std::vector<completion_result>> complete(
+      std::span<const completion> batch) override;
   result<job_state> fail(attempt_id attempt, std::string_view error,
-                         sdk::fail_disposition disposition,
-                         std::optional<sdk::microseconds> retry_after = std::nullopt) override;
-  result<void> snooze(attempt_id attempt, sdk::microseconds delay) override;
+                         fail_disposition disposition,
+                         std::optional<std::chrono::microseconds> retry_after = std::nullopt) override;
+  result<void> snooze(attempt_id attempt, std::chrono::microseconds delay) override;
   /// An empty reason keeps the job's last error (the Postgres adapter sends NULL for it).
   result<void> cancel_attempt(attempt_id attempt, std::string_view reason) override;
   result<std::optional<std::string>> checkpoint(attempt_id attempt) override;
@@ -100,15 +100,15 @@ class store final : public sdk::storage_port {
   result<job_info> read_job(std::int64_t job_id) override;
 
   /// errc::invalid_argument for a negative `stale_after`.
-  result<std::vector<sdk::rescued_attempt>> rescue_stale(sdk::microseconds stale_after) override;
+  result<std::vector<rescued_attempt>> rescue_stale(std::chrono::microseconds stale_after) override;
   /// Moves at most 10000 due jobs per call (oldest run_at first), like the Postgres adapter.
   result<std::int64_t> promote_due() override;
-  result<sdk::attempt_evidence> reconcile(attempt_id attempt) override;
-  using sdk::storage_port::reconcile;
+  result<attempt_evidence> reconcile(attempt_id attempt) override;
+  using storage_port::reconcile;
   /// errc::invalid_argument for a non-positive hard deadline, a negative backoff base or a cap
   /// below the base (the CHECKs of the queues table).
   result<void> configure_queue(std::string_view queue,
-                               const sdk::queue_settings& settings) override;
+                               const queue_settings& settings) override;
 
  private:
   explicit store(std::unique_ptr<detail::store_state> state) noexcept;

@@ -24,9 +24,8 @@
 #include "tenure/result.hpp"
 #include "tenure/token.hpp"
 
-namespace tenure::sdk {
+namespace tenure {
 
-using std::chrono::microseconds;
 
 /// A completed outcome waiting to be flushed.
 struct completion {
@@ -78,9 +77,9 @@ struct callback_poll {
 /// Per-queue settings kept in the database (every worker of the queue sees the same).
 struct queue_settings {
   bool dead_letter = false;                    ///< failed jobs go to the dead-letter table
-  std::optional<microseconds> hard_deadline;  ///< an attempt running longer is rescued
-  microseconds backoff_base = std::chrono::seconds{1};
-  microseconds backoff_cap = std::chrono::hours{1};
+  std::optional<std::chrono::microseconds> hard_deadline;  ///< an attempt running longer is rescued
+  std::chrono::microseconds backoff_base = std::chrono::seconds{1};
+  std::chrono::microseconds backoff_cap = std::chrono::hours{1};
 };
 
 /// The port. See the file comment for the rules every method follows.
@@ -122,10 +121,10 @@ class storage_port {
   /// errc::stale_attempt when the attempt is not live.
   virtual result<job_state> fail(attempt_id attempt, std::string_view error,
                                  fail_disposition disposition,
-                                 std::optional<microseconds> retry_after = std::nullopt) = 0;
+                                 std::optional<std::chrono::microseconds> retry_after = std::nullopt) = 0;
   /// Gives the attempt back without consuming an attempt; the job runs again after `delay`.
   /// errc::stale_attempt when the attempt is not live.
-  virtual result<void> snooze(attempt_id attempt, microseconds delay) = 0;
+  virtual result<void> snooze(attempt_id attempt, std::chrono::microseconds delay) = 0;
   /// Cancels the live attempt itself (handler outcome). errc::stale_attempt when not live.
   virtual result<void> cancel_attempt(attempt_id attempt, std::string_view reason) = 0;
   /// The progress the live attempt carried in from earlier attempts of its job (its checkpoint;
@@ -140,7 +139,7 @@ class storage_port {
   /// Registers (or rotates) the live attempt's callback; returns the fresh callback id (UUID
   /// text). `timeout`: how long the attempt may wait once parked. errc::stale_attempt when the
   /// attempt is not live.
-  virtual result<std::string> register_callback(attempt_id attempt, microseconds timeout) {
+  virtual result<std::string> register_callback(attempt_id attempt, std::chrono::microseconds timeout) {
     (void)attempt, (void)timeout;
     return errc::invalid_argument;
   }
@@ -158,7 +157,7 @@ class storage_port {
   }
   /// Sets a registered callback's timeout (counting from now when already waiting). false:
   /// unknown, resolved, or stale.
-  virtual result<bool> extend_callback(std::string_view callback_id, microseconds timeout) {
+  virtual result<bool> extend_callback(std::string_view callback_id, std::chrono::microseconds timeout) {
     (void)callback_id, (void)timeout;
     return errc::invalid_argument;
   }
@@ -190,7 +189,7 @@ class storage_port {
   /// `stale_after` old, or whose hard deadline passed: available again at once (the attempt
   /// counts, no backoff), or failed when attempts are spent. Serializes with `complete` on the
   /// same attempt: exactly one of them wins.
-  virtual result<std::vector<rescued_attempt>> rescue_stale(microseconds stale_after) = 0;
+  virtual result<std::vector<rescued_attempt>> rescue_stale(std::chrono::microseconds stale_after) = 0;
   /// Moves due scheduled/retryable jobs to available; returns how many.
   virtual result<std::int64_t> promote_due() = 0;
   /// The maintenance pass of the leader holding `lease`: promote_due(), then
@@ -198,7 +197,7 @@ class storage_port {
   /// transaction and only while `lease` is its current, unexpired lease; otherwise it changes
   /// nothing and returns errc::leadership_lost. This default, for stores without leadership (the
   /// SQLite fake, where one process is the only worker), ignores `lease`.
-  virtual result<std::vector<rescued_attempt>> maintain(const leader_lease& lease, microseconds stale_after) {
+  virtual result<std::vector<rescued_attempt>> maintain(const leader_lease& lease, std::chrono::microseconds stale_after) {
     (void)lease;
     TENURE_TRYV(promote_due());
     return rescue_stale(stale_after);
@@ -220,4 +219,4 @@ class storage_port {
   virtual result<void> configure_queue(std::string_view queue, const queue_settings& settings) = 0;
 };
 
-}  // namespace tenure::sdk
+}  // namespace tenure

@@ -1,0 +1,93 @@
+#pragma once
+/// \file
+/// The ground every other piece of the runtime stands on: the config, the storage port, the
+/// control thread's io_context (which owns all mutable runtime state), the database pool, the
+/// handler pool, the live metrics, the lifecycle hooks and the shutdown flags, plus idle
+/// tracking. Private to the runtime; everything here but the metrics is control-thread only
+/// once started.
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "sdk/runtime/attempt_entry.hpp"
+#include "sdk/runtime/metrics.hpp"
+#include "tenure/storage_port.hpp"
+#include "tenure/runtime.hpp"
+
+namespace tenure::detail {
+
+namespace asio = boost::asio;
+using entry_ptr = std::shared_ptr<attempt_entry>;
+using std::chrono::steady_clock;
+
+/// Exponential backoff for retrying database work: 50 ms doubling to 5 s.
+inline milliseconds next_backoff(milliseconds current) {
+  if (current.count() == 0) return milliseconds{50};
+  return std::min(milliseconds{5'000}, current * 2);
+}
+
+class control {
+ public:
+  control(runtime_config c, std::shared_ptr<storage_port> s) : cfg(std::move(c)), store(std::move(s)), db(4) {}
+
+  runtime_config cfg;
+  std::shared_ptr<storage_port> store;
+  std::vector<runtime::event_hook> hooks;
+  live_metrics m;
+
+  asio::io_context ctl;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> ctl_guard;
+  std::thread ctl_thread;
+  asio::thread_pool db;
+  std::unique_ptr<asio::thread_pool> workers;
+
+  // ---- control-thread state ----
+  int running_handlers = 0;
+  int outstanding_ops = 0;  ///< fail/snooze/cancel/reconcile calls not answered yet
+  bool stopping = false;    ///< no new claims
+  bool abandoning = false;  ///< past the shutdown timeout: late outcomes are left for rescue
+  /// Whether nothing is held or pending (set by the runtime, which sees every piece).
+  std::function<bool()> idle_now;
+  std::vector<std::function<void()>> idle_waiters;
+
+  milliseconds staleness() const { return cfg.staleness.value_or(cfg.heartbeat_interval * 3); }
+  milliseconds reconcile_budget() const { return cfg.reconcile_budget.value_or(staleness()); }
+
+  template <class Fn>
+  void on_ctl(Fn&& fn) {
+    asio::post(ctl, std::forward<Fn>(fn));
+  }
+
+  /// Runs `call` on the database pool and `done(result)` back on the control thread.
+  template <class Call, class Done>
+  void on_db(Call&& call, Done&& done) {
+    asio::post(db, [this, call = std::forward<Call>(call), done = std::forward<Done>(done)]() mutable {
+      auto r = call();
+      asio::post(ctl, [r = std::move(r), done = std::move(done)]() mutable { done(std::move(r)); });
+    });
+  }
+
+  /// Runs `fn` on the control thread after `d`, counted as outstanding work.
+  void retry_later(milliseconds d, std::function<void()> fn);
+
+  /// Calls the lifecycle hooks (control thread), logging any that throws.
+  void emit(lifecycle_event e, const claimed_attempt& c, std::string message = {});
+
+  /// Wakes the wait_idle() callers once nothing is held or pending.
+  void check_idle();
+
+  /// Runs `fn` on the control thread and waits for it to call its completion, or `timeout`.
+  bool run_and_wait(std::function<void(std::function<void()>)> fn, milliseconds timeout);
+};
+
+}  // namespace tenure::detail

@@ -1,0 +1,160 @@
+#include "sdk/runtime/dispatcher.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include "tenure/log.hpp"
+
+namespace tenure::detail {
+
+namespace {
+
+constexpr milliseconds k_first_idle_step{2};
+constexpr milliseconds k_sleep_after_step{4};
+/// Notifications are hints that any role able to connect can send: a wake-up starts a claim
+/// no sooner than this after the queue's last claim answered, so a flood costs O(1) claims
+/// per interval.
+constexpr milliseconds k_wake_gap{20};
+
+}  // namespace
+
+dispatcher::dispatcher(control& c, in_flight_table& t, execution& e)
+    : core(c), table(t), exec(e), cfg(c.cfg), m(c.m) {
+  table.permit_freed = [this](queue_state& q) {
+    if (!q.drained) schedule_pump(q);
+  };
+}
+
+void dispatcher::schedule_pump(queue_state& q) {
+  if (q.pump_posted) return;
+  q.pump_posted = true;
+  core.on_ctl([this, &q] {
+    q.pump_posted = false;
+    pump(q);
+  });
+}
+
+void dispatcher::pump(queue_state& q) {
+  if (core.stopping || q.claiming || q.free <= 0) return;
+  const int n = std::min(q.free, cfg.claim_batch);
+  q.free -= n;  // permits first, then one claim statement for up to that many jobs
+  q.claiming = true;
+  q.wake_pending = false;
+  q.timer.cancel();
+  m.claims.fetch_add(1, std::memory_order_relaxed);
+  // Join the waiters (so producers NOTIFY) only once eager polling has found nothing for a
+  // few milliseconds: while jobs keep coming, producers pay for no NOTIFY at all.
+  const bool going_to_sleep = q.idle_step >= k_sleep_after_step;
+  core.on_db([this, &q, n, going_to_sleep] { return core.store->claim(q.opt.name, n, cfg.worker_id, going_to_sleep); },
+             [this, &q, n](result<std::vector<claimed_attempt>> r) { on_claimed(q, n, std::move(r)); });
+}
+
+void dispatcher::arm_queue_timer(queue_state& q, milliseconds d) {
+  q.timer.expires_after(d);
+  q.timer.async_wait([this, &q](const boost::system::error_code& ec) {
+    if (!ec) pump(q);
+  });
+}
+
+void dispatcher::on_claimed(queue_state& q, int asked, result<std::vector<claimed_attempt>> r) {
+  q.claiming = false;
+  q.last_answer = steady_clock::now();
+  if (!r) {
+    q.free += asked;
+    m.database_errors.fetch_add(1, std::memory_order_relaxed);
+    q.error_backoff = next_backoff(q.error_backoff);
+    tenure::logger()->warn("tenure: claim on queue {} failed ({}); retrying in {} ms", q.opt.name, r.error().message(),
+                 q.error_backoff.count());
+    if (!core.stopping) arm_queue_timer(q, std::min(q.error_backoff, cfg.poll_interval));
+    return;
+  }
+  q.error_backoff = milliseconds{0};
+  auto& got = r.value();
+  if (core.abandoning) {
+    // Claimed while stop() was giving up on handlers: nothing will run them here, so they
+    // go back at once, without spending an attempt (and without holding permits).
+    q.free += asked;
+    for (auto& c : got) give_back(std::move(c));
+    return;
+  }
+  q.free += asked - static_cast<int>(got.size());
+  for (auto& c : got) exec.start(std::move(c));
+  if (static_cast<int>(got.size()) == asked) {
+    q.drained = false;
+    q.idle_step = milliseconds{0};
+    pump(q);  // more may be waiting
+    return;
+  }
+  q.drained = true;
+  if (core.stopping) return;
+  if (q.wake_pending) {
+    // A wake-up arrived while this claim was in flight: its job may have committed after the
+    // claim's snapshot, so one more claim runs (no sooner than k_wake_gap from now).
+    claim_for_wake(q);
+    return;
+  }
+  // Drained. Poll eagerly at first (2 ms, then 4 ms): under steady load the next jobs are
+  // found this way and no producer pays for a NOTIFY. After that the claim joins the waiters
+  // and the worker sleeps, woken by NOTIFY, polling less and less often (the doubling steps
+  // also catch a wake-up that raced the registration) up to poll_interval.
+  if (!got.empty() || q.idle_step.count() == 0) {
+    q.idle_step = k_first_idle_step;
+  } else {
+    q.idle_step = std::min(cfg.poll_interval, q.idle_step * 2);
+  }
+  arm_queue_timer(q, std::min(q.idle_step, cfg.poll_interval));
+}
+
+/// Snoozes an attempt that will not run here back to its queue (no attempt spent).
+void dispatcher::give_back(claimed_attempt c) {
+  ++core.outstanding_ops;
+  core.on_db([this, a = c.attempt] { return core.store->snooze(a, std::chrono::microseconds{0}); },
+             [this, c = std::move(c)](result<void> r) {
+               --core.outstanding_ops;
+               if (r) {
+                 tenure::logger()->info("tenure: job {} lease {} queue {} was claimed as the runtime stopped; given back",
+                              c.attempt.job_id, c.attempt.run_lease, c.queue);
+               } else {
+                 tenure::logger()->warn("tenure: job {} lease {} queue {} was claimed as the runtime stopped and could not be "
+                              "given back ({}); it stays open and is rescued after staleness",
+                              c.attempt.job_id, c.attempt.run_lease, c.queue, r.error().message());
+               }
+               core.check_idle();
+             });
+}
+
+bool dispatcher::claiming() const {
+  return std::any_of(table.queues.begin(), table.queues.end(), [](const auto& q) { return q->claiming; });
+}
+
+/// A wake-up for `queue` (a NOTIFY, a rescue, a reconnect). NOTIFY needs no privilege, so a
+/// wake-up is only a hint: it never resets the idle polling (a claim that finds jobs does),
+/// and wake-ups are coalesced into at most one claim per queue per k_wake_gap after the last
+/// claim answered, however many arrive.
+void dispatcher::on_wake(const std::string& queue) {
+  auto it = table.by_name.find(queue);
+  if (it == table.by_name.end()) return;
+  auto& q = *it->second;
+  if (q.claiming) {
+    q.wake_pending = true;
+    return;
+  }
+  claim_for_wake(q);
+}
+
+void dispatcher::claim_for_wake(queue_state& q) {
+  const auto since = steady_clock::now() - q.last_answer;
+  if (since >= k_wake_gap) {
+    pump(q);
+    return;
+  }
+  q.wake_pending = true;
+  if (q.wake_timer_armed) return;
+  q.wake_timer_armed = true;
+  q.wake_timer.expires_after(k_wake_gap - since);
+  q.wake_timer.async_wait([this, &q](const boost::system::error_code& ec) {
+    q.wake_timer_armed = false;
+    if (!ec && q.wake_pending && !q.claiming) pump(q);
+  });
+}
+
+}  // namespace tenure::detail

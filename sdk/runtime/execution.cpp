@@ -1,0 +1,112 @@
+#include "sdk/runtime/execution.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include "tenure/log.hpp"
+
+namespace tenure::detail {
+
+namespace {
+
+struct skip_handler {};
+
+}  // namespace
+
+execution::execution(control& c, in_flight_table& t, settlement& s) : core(c), table(t), settle(s), cfg(c.cfg) {}
+
+void execution::start(claimed_attempt c) {
+  auto entry = table.add(std::move(c));
+  entry->store_gate = store_gate;
+  const auto& a = entry->claim;
+  core.m.claimed.fetch_add(1, std::memory_order_relaxed);
+  ++core.running_handlers;
+  core.emit(lifecycle_event::started, a);
+  if (auto owned = owned_handlers.find(a.kind); owned != owned_handlers.end()) {
+    entry->caller_owned = true;
+    run_caller_owned(entry, owned->second);
+    return;
+  }
+  auto it = handlers.find(a.kind);
+  if (it == handlers.end()) {
+    // No handler here for this kind: give the attempt back (snooze) so a worker that has one
+    // can take it, without spending an attempt.
+    tenure::logger()->error("tenure: no handler for kind '{}' (job {} lease {} queue {}); snoozing it 60 s", a.kind,
+                  a.attempt.job_id, a.attempt.run_lease, a.queue);
+    settle.on_outcome(entry, job_outcome::snooze(milliseconds{60'000}));
+    return;
+  }
+  asio::post(*core.workers, [this, entry, &fn = it->second] {
+    job_outcome outcome = job_outcome::completed();
+    try {
+      if (auto problem = entry->args_problem()) {
+        outcome = job_outcome::fail(std::move(*problem));  // never retried: the args stay the same
+      } else {
+        job_context ctx{entry};
+        outcome = fn(ctx);
+      }
+    } catch (const std::exception& e) {
+      outcome = job_outcome::retry(std::string{"handler threw: "} + e.what());
+    } catch (...) {
+      outcome = job_outcome::retry("handler threw a non-standard exception");
+    }
+    // The final progress becomes storable JSON text here, off the control thread.
+    std::optional<std::string> progress;
+    if (outcome.what() == job_outcome::kind::completed && outcome.progress()) {
+      progress = entry->storable_progress(*outcome.progress(), "final progress");
+    }
+    core.on_ctl([this, entry, outcome = std::move(outcome), progress = std::move(progress)]() mutable {
+      settle.on_outcome(entry, std::move(outcome), std::move(progress));
+    });
+  });
+}
+
+void execution::run_caller_owned(const entry_ptr& entry, const runtime::caller_owned_handler& fn) {
+  asio::post(*core.workers, [this, entry, &fn] {
+    if (auto problem = entry->args_problem()) {
+      // The handler never starts, so nothing of the caller's can have finalized the attempt:
+      // it fails through the runtime's own guarded write, as a plain handler's failure does.
+      core.on_ctl([this, entry, problem = std::move(*problem)]() mutable {
+        entry->caller_owned = false;
+        settle.on_outcome(entry, job_outcome::fail(std::move(problem)));
+      });
+      return;
+    }
+    handler_exit exit;
+    {
+      detail::gate_hold slot{owned_gate.get()};
+      try {
+        if (entry->is_cancelled()) {
+          // Cancelled, rescued or abandoned while waiting for a slot: never start the handler.
+          exit.what = handler_exit::how::cancelled;
+          exit.code = make_error_code(errc::stale_attempt);
+          exit.message = "cancelled before its handler started";
+          throw skip_handler{};
+        }
+        caller_owned_context ctx{entry, cfg.sql_schema};
+        auto r = fn(ctx);
+        if (r) {
+          exit.what = handler_exit::how::receipt;
+          if (!(r.value().attempt() == entry->claim.attempt)) {
+            // A receipt for another attempt proves nothing about this one: evidence decides.
+            exit.message = "receipt names another attempt";
+          }
+        } else {
+          exit.what = entry->is_cancelled() ? handler_exit::how::cancelled : handler_exit::how::error;
+          exit.code = r.error();
+          std::lock_guard lock(entry->mu);
+          exit.message = entry->failure_note.empty() ? r.error().message() : entry->failure_note;
+        }
+      } catch (const skip_handler&) {
+      } catch (const std::exception& e) {
+        exit.what = handler_exit::how::threw;
+        exit.message = std::string{"handler threw: "} + e.what();
+      } catch (...) {
+        exit.what = handler_exit::how::threw;
+        exit.message = "handler threw a non-standard exception";
+      }
+    }
+    core.on_ctl([this, entry, exit = std::move(exit)]() mutable { settle.on_handler_exit(entry, std::move(exit)); });
+  });
+}
+
+}  // namespace tenure::detail

@@ -1,0 +1,35 @@
+#pragma once
+/// \file
+/// Maintenance: promote due deferred jobs and rescue stale attempts, every
+/// maintenance_interval, only while this process leads (leadership.hpp); a pass is fenced by
+/// the lease's term. Rescued jobs back in their queue wake the dispatcher. Stands on control,
+/// in_flight, leadership and the dispatcher. Private to the runtime; control thread only.
+#include <functional>
+
+#include "sdk/runtime/dispatcher.hpp"
+#include "sdk/runtime/leadership.hpp"
+
+namespace tenure::detail {
+
+class maintenance {
+ public:
+  maintenance(control& core, in_flight_table& table, leadership& lead, dispatcher& dispatch, bool leased)
+      : core(core), table(table), lead(lead), dispatch(dispatch), leased(leased), m(core.m), timer(core.ctl) {}
+
+  void arm();
+  /// One pass now (when this process leads and none is running); then `done`.
+  void pass(std::function<void()> done);
+  void cancel_timers() { timer.cancel(); }
+
+ private:
+  control& core;
+  in_flight_table& table;
+  leadership& lead;
+  dispatcher& dispatch;
+  const bool leased;  ///< a signal port runs the leadership lease
+  live_metrics& m;
+  asio::steady_timer timer;
+  bool running = false;
+};
+
+}  // namespace tenure::detail
