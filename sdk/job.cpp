@@ -1,4 +1,5 @@
 #include "tenure/job.hpp"
+#include "tenure/schema_name.hpp"
 
 #include "sdk/runtime/storable.hpp"
 
@@ -69,6 +70,20 @@ result<void> validate(const new_job& job) noexcept {
   // jsonb refuses \u0000 and text that is not UTF-8: refused here, by every store alike.
   if (!detail::is_storable_json(job.args)) return errc::invalid_argument;
   return success();
+}
+
+}  // namespace tenure
+
+namespace tenure {
+
+bool valid_schema_name(std::string_view schema) noexcept {
+  if (schema.empty() || schema.size() > max_schema_name_size) return false;
+  for (std::size_t i = 0; i < schema.size(); ++i) {
+    const char c = schema[i];
+    const bool ok = (c >= 'a' && c <= 'z') || c == '_' || (i > 0 && c >= '0' && c <= '9');
+    if (!ok) return false;
+  }
+  return true;
 }
 
 }  // namespace tenure

@@ -183,17 +183,7 @@ result<std::unique_ptr<connection>> connect_checked(std::string_view dsn, std::s
 
 int known_schema_version() noexcept { return static_cast<int>(detail::embedded_migrations().size()); }
 
-bool valid_schema_name(std::string_view schema) noexcept {
-  // Notification channels are named <schema>_wake, _cancel and _callback, and PostgreSQL
-  // identifiers (channel names included) stop at 63 bytes: 63 - len("_callback") = 54.
-  if (schema.empty() || schema.size() > 54) return false;
-  for (std::size_t i = 0; i < schema.size(); ++i) {
-    const char c = schema[i];
-    const bool ok = (c >= 'a' && c <= 'z') || c == '_' || (i > 0 && c >= '0' && c <= '9');
-    if (!ok) return false;
-  }
-  return true;
-}
+bool valid_schema_name(std::string_view schema) noexcept { return tenure::valid_schema_name(schema); }
 
 result<int> installed_schema_version(std::string_view dsn, std::string_view schema, std::string* detail) {
   TENURE_TRY(auto c, connect_checked(dsn, schema, detail));

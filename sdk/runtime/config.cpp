@@ -1,5 +1,7 @@
 #include "sdk/runtime/config.hpp"
 
+#include "tenure/schema_name.hpp"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -55,15 +57,9 @@ std::optional<std::string> validate_config(runtime_config& config, bool has_sign
   if (config.reconcile_budget && config.reconcile_budget->count() < 0) return bad("reconcile_budget must not be negative");
   if (config.max_caller_owned < 0) return bad("max_caller_owned must not be negative");
   if (config.handler_store_calls < 0) return bad("handler_store_calls must not be negative");
-  {
-    // The same rule the SQL side enforces: a plain lower-case identifier.
-    const auto& sc = config.sql_schema;
-    const bool ok = !sc.empty() && sc.size() <= 63 && (std::islower(static_cast<unsigned char>(sc[0])) || sc[0] == '_') &&
-                    std::all_of(sc.begin(), sc.end(), [](char ch) {
-                      return std::islower(static_cast<unsigned char>(ch)) || std::isdigit(static_cast<unsigned char>(ch)) ||
-                             ch == '_';
-                    });
-    if (!ok) return bad("sql_schema '" + sc + "' is not a plain lower-case identifier");
+  if (!valid_schema_name(config.sql_schema)) {
+    return bad("sql_schema '" + config.sql_schema + "' is not a schema name tenure accepts ([a-z_][a-z0-9_]*, at most " +
+               std::to_string(max_schema_name_size) + " characters)");
   }
   if (config.worker_id.empty()) config.worker_id = default_worker_id();
   if (config.handler_threads <= 0) {

@@ -387,6 +387,18 @@ TEST_F(runtime_unit, a_hook_that_throws_anything_is_logged_and_the_job_still_com
   EXPECT_EQ(logged.hits(), 2);
 }
 
+TEST_F(runtime_unit, sql_schema_follows_the_same_name_rule_as_migrate) {
+  auto c = config();
+  c.sql_schema = std::string(54, 's');
+  std::string why;
+  EXPECT_TRUE(runtime::create(c, faulty_, nullptr, &why)) << why;
+  c.sql_schema = std::string(55, 's');  // 63 bytes would fit an identifier, not <schema>_callback
+  auto refused = runtime::create(c, faulty_, nullptr, &why);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error(), errc::invalid_argument);
+  EXPECT_NE(why.find("at most 54 characters"), std::string::npos) << why;
+}
+
 TEST_F(runtime_unit, on_event_after_start_is_refused) {
   auto rt = make(config());
   rt->handle("k", [](job_context&) { return job_outcome::completed(); });

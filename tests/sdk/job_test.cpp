@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "tenure/job.hpp"
+#include "tenure/schema_name.hpp"
 
 using tenure::errc;
 using tenure::new_job;
@@ -48,4 +51,16 @@ TEST(job_state, names_round_trip) {
     EXPECT_EQ(parsed.value(), s);
   }
   EXPECT_FALSE(tenure::parse_job_state("nope"));
+}
+
+TEST(schema_name, one_rule_of_at_most_54_lower_case_identifier_characters) {
+  EXPECT_TRUE(tenure::valid_schema_name("tenure"));
+  EXPECT_TRUE(tenure::valid_schema_name("_t2"));
+  EXPECT_TRUE(tenure::valid_schema_name(std::string(54, 'a')));
+  EXPECT_FALSE(tenure::valid_schema_name(std::string(55, 'a')));  // <schema>_callback would pass 63 bytes
+  EXPECT_FALSE(tenure::valid_schema_name(""));
+  EXPECT_FALSE(tenure::valid_schema_name("2t"));
+  EXPECT_FALSE(tenure::valid_schema_name("Tenure"));
+  EXPECT_FALSE(tenure::valid_schema_name("te-nure"));
+  EXPECT_FALSE(tenure::valid_schema_name("t\xc3\xa9"));
 }

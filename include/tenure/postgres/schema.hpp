@@ -8,14 +8,15 @@
 #include <string_view>
 
 #include "tenure/result.hpp"
+#include "tenure/schema_name.hpp"
 
 namespace tenure::postgres {
 
 /// The newest schema version this binary knows (the number of embedded migrations).
 int known_schema_version() noexcept;
 
-/// True for a schema name tenure accepts: [a-z_][a-z0-9_]{0,53}. At most 54 characters, so that
-/// its notification channels (<schema>_wake, _cancel, _callback) fit PostgreSQL's 63-byte names.
+/// True for a schema name tenure accepts: tenure::valid_schema_name (tenure/schema_name.hpp),
+/// [a-z_][a-z0-9_]{0,53}, so that its notification channels fit PostgreSQL's 63-byte names.
 bool valid_schema_name(std::string_view schema) noexcept;
 
 /// Installs or upgrades the schema (default `tenure`) to known_schema_version(). Idempotent:
