@@ -1,4 +1,4 @@
-// Long attempts (issue 4) through the runtime against the real PostgreSQL: progress buffered by
+// Long attempts through the runtime against the real PostgreSQL: progress buffered by
 // the handler, forced guarded flushes, progress kept across a retry as a checkpoint, and external
 // callbacks (register, wait, resume, cancel while waiting, callback timeout).
 #include <atomic>

@@ -1,4 +1,4 @@
--- tenure migration 2: long attempts (issue 4): progress checkpoints and external callbacks.
+-- tenure migration 2: long attempts: progress checkpoints and external callbacks.
 --
 -- Same conventions as 0001: placeholders @schema@, @wake_channel@, @cancel_channel@ and (new)
 -- @callback_channel@ ('<schema>_callback', payload '<job_id>:<run_lease>'); every

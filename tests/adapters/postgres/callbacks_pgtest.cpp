@@ -1,4 +1,4 @@
-// Long attempts in the SQL contract (issue 4): progress checkpoints, external callbacks and
+// Long attempts in the SQL contract: progress checkpoints, external callbacks and
 // their races, driven as any language would drive them: plain SQL over libpq, real concurrency
 // on separate connections where the race is concurrent.
 #include <gtest/gtest.h>
