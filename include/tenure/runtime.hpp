@@ -127,9 +127,8 @@ class runtime {
   /// Blocks until nothing is in flight and no completion is pending, or `timeout` passes.
   bool wait_idle(std::chrono::milliseconds timeout);
 
-  struct impl;
-
  private:
+  struct impl;
   explicit runtime(std::unique_ptr<impl> p);
   std::unique_ptr<impl> impl_;
 };
