@@ -5,7 +5,9 @@
 #include <libpq-fe.h>
 
 #include "tenure/finalization.hpp"
-#include "tenure/runtime.hpp"
+#include "tenure/result.hpp"
+#include "tenure/token.hpp"
+#include "tenure/tx_bridge.hpp"
 
 namespace tenure {
 

@@ -7,7 +7,9 @@
 #include <pqxx/pqxx>
 
 #include "tenure/finalization.hpp"
-#include "tenure/runtime.hpp"
+#include "tenure/result.hpp"
+#include "tenure/token.hpp"
+#include "tenure/tx_bridge.hpp"
 
 namespace tenure {
 

@@ -7,12 +7,17 @@
 #include "tenure/error.hpp"
 
 namespace tenure {
-namespace outcome = BOOST_OUTCOME_V2_NAMESPACE;
 
 template <class T>
-using result = outcome::std_result<T, error>;
+using result = BOOST_OUTCOME_V2_NAMESPACE::std_result<T, error>;
 
-using outcome::success;
+/// `return success();` from a function returning result<void>.
+inline auto success() noexcept { return BOOST_OUTCOME_V2_NAMESPACE::success(); }
+/// `return success(value);`: the value of a result<T>.
+template <class T>
+auto success(T&& value) {
+  return BOOST_OUTCOME_V2_NAMESPACE::success(std::forward<T>(value));
+}
 }  // namespace tenure
 
 #define TENURE_CONCAT_IMPL_(a, b) a##b

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <soci/soci.h>
@@ -17,7 +18,8 @@
 #include "tenure/finalization.hpp"
 #include "tenure/job.hpp"
 #include "tenure/result.hpp"
-#include "tenure/runtime.hpp"
+#include "tenure/token.hpp"
+#include "tenure/tx_bridge.hpp"
 
 namespace tenure {
 

@@ -8,6 +8,8 @@
 
 namespace tenure {
 
+using std::chrono::milliseconds;
+
 // ---- job_outcome / job_context ---------------------------------------------------------------
 
 job_outcome job_outcome::completed(std::optional<nlohmann::json> progress) {

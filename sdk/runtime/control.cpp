@@ -9,6 +9,8 @@
 
 namespace tenure::detail {
 
+using std::chrono::milliseconds;
+
 void control::retry_later(milliseconds d, std::function<void()> fn) {
   auto t = std::make_shared<asio::steady_timer>(ctl, d);
   ++outstanding_ops;

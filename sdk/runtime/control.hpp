@@ -31,9 +31,9 @@ using entry_ptr = std::shared_ptr<attempt_entry>;
 using std::chrono::steady_clock;
 
 /// Exponential backoff for retrying database work: 50 ms doubling to 5 s.
-inline milliseconds next_backoff(milliseconds current) {
-  if (current.count() == 0) return milliseconds{50};
-  return std::min(milliseconds{5'000}, current * 2);
+inline std::chrono::milliseconds next_backoff(std::chrono::milliseconds current) {
+  if (current.count() == 0) return std::chrono::milliseconds{50};
+  return std::min(std::chrono::milliseconds{5'000}, current * 2);
 }
 
 class control {
@@ -60,8 +60,8 @@ class control {
   std::function<bool()> idle_now;
   std::vector<std::function<void()>> idle_waiters;
 
-  milliseconds staleness() const { return cfg.staleness.value_or(cfg.heartbeat_interval * 3); }
-  milliseconds reconcile_budget() const { return cfg.reconcile_budget.value_or(staleness()); }
+  std::chrono::milliseconds staleness() const { return cfg.staleness.value_or(cfg.heartbeat_interval * 3); }
+  std::chrono::milliseconds reconcile_budget() const { return cfg.reconcile_budget.value_or(staleness()); }
 
   template <class Fn>
   void on_ctl(Fn&& fn) {
@@ -78,7 +78,7 @@ class control {
   }
 
   /// Runs `fn` on the control thread after `d`, counted as outstanding work.
-  void retry_later(milliseconds d, std::function<void()> fn);
+  void retry_later(std::chrono::milliseconds d, std::function<void()> fn);
 
   /// Calls the lifecycle hooks (control thread), logging any that throws.
   void emit(lifecycle_event e, const claimed_attempt& c, std::string message = {});
@@ -87,7 +87,7 @@ class control {
   void check_idle();
 
   /// Runs `fn` on the control thread and waits for it to call its completion, or `timeout`.
-  bool run_and_wait(std::function<void(std::function<void()>)> fn, milliseconds timeout);
+  bool run_and_wait(std::function<void(std::function<void()>)> fn, std::chrono::milliseconds timeout);
 };
 
 }  // namespace tenure::detail

@@ -6,6 +6,8 @@
 
 namespace tenure::detail {
 
+using std::chrono::milliseconds;
+
 namespace {
 
 constexpr milliseconds k_first_idle_step{2};

@@ -24,7 +24,7 @@ class dispatcher {
 
  private:
   void schedule_pump(queue_state& q);
-  void arm_queue_timer(queue_state& q, milliseconds d);
+  void arm_queue_timer(queue_state& q, std::chrono::milliseconds d);
   void on_claimed(queue_state& q, int asked, result<std::vector<claimed_attempt>> r);
   void give_back(claimed_attempt c);
   void claim_for_wake(queue_state& q);

@@ -6,6 +6,8 @@
 
 namespace tenure::detail {
 
+using std::chrono::milliseconds;
+
 namespace {
 
 struct skip_handler {};

@@ -6,6 +6,8 @@
 
 namespace tenure::detail {
 
+using std::chrono::milliseconds;
+
 in_flight_table::in_flight_table(control& c) : core(c), m(c.m), capacity_timer(c.ctl) {
   for (const auto& q : core.cfg.queues) {
     queues.push_back(std::make_unique<queue_state>(core.ctl, q));

@@ -28,8 +28,8 @@ struct queue_state {
   bool wake_pending = false;  ///< a wake-up is owed one claim (after the one in flight, or k_wake_gap)
   bool wake_timer_armed = false;
   bool pump_posted = false;
-  milliseconds idle_step{0};
-  milliseconds error_backoff{0};
+  std::chrono::milliseconds idle_step{0};
+  std::chrono::milliseconds error_backoff{0};
   steady_clock::time_point last_answer{};  ///< when the last claim statement answered
   asio::steady_timer timer;
   asio::steady_timer wake_timer;

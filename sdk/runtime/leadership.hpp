@@ -23,7 +23,7 @@ class leadership {
   /// "<worker_id>/<random>": unique to this runtime instance.
   std::string holder;
 
-  milliseconds lease_ttl() const { return cfg.maintenance_lease.value_or(cfg.maintenance_interval * 3); }
+  std::chrono::milliseconds lease_ttl() const { return cfg.maintenance_lease.value_or(cfg.maintenance_interval * 3); }
   /// The term of the lease held, while this process may still act on it.
   std::optional<std::int64_t> current_term() const;
   bool is_leader() const { return cfg.maintenance && (!leased || current_term().has_value()); }

@@ -1,8 +1,8 @@
 #pragma once
 /// \file
 /// The runtime's live metrics: one atomic per counter and gauge of TENURE_RUNTIME_METRICS
-/// (include/tenure/runtime.hpp), written from any thread; a snapshot into runtime_metrics; the
-/// Prometheus text of a snapshot. Private to the runtime.
+/// (include/tenure/runtime_metrics.hpp), written from any thread; a snapshot into
+/// runtime_metrics; the Prometheus text of a snapshot. Private to the runtime.
 #include <atomic>
 #include <cstdint>
 #include <string>

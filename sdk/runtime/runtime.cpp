@@ -39,6 +39,7 @@
 namespace tenure {
 
 namespace asio = boost::asio;
+using std::chrono::milliseconds;
 using std::chrono::steady_clock;
 
 /// The pieces, each standing only on those declared before it (callbacks carry anything that

@@ -8,6 +8,8 @@
 
 namespace tenure::detail {
 
+using std::chrono::milliseconds;
+
 namespace {
 
 const char* to_text(job_outcome::kind k) {

@@ -60,7 +60,7 @@ class settlement {
   };
 
   // outcomes (settlement.cpp)
-  void apply_outcome(const entry_ptr& entry, job_outcome outcome, milliseconds backoff);
+  void apply_outcome(const entry_ptr& entry, job_outcome outcome, std::chrono::milliseconds backoff);
   void discard_stale(const entry_ptr& entry);
   // completion flush (settlement_flush.cpp)
   void push_completion(pending_completion p);
@@ -78,8 +78,8 @@ class settlement {
   live_metrics& m;
   batcher<pending_completion> completions;  ///< completed outcomes waiting for their flush
   batcher<pending_reconcile> evidence;      ///< caller-owned exits waiting for their evidence
-  milliseconds flush_backoff{0};
-  milliseconds reconcile_backoff{0};
+  std::chrono::milliseconds flush_backoff{0};
+  std::chrono::milliseconds reconcile_backoff{0};
 };
 
 }  // namespace tenure::detail

@@ -6,6 +6,8 @@
 
 namespace tenure::detail {
 
+using std::chrono::milliseconds;
+
 namespace {
 
 const char* to_text(handler_exit::how h) {

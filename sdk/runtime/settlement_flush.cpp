@@ -8,6 +8,8 @@
 
 namespace tenure::detail {
 
+using std::chrono::milliseconds;
+
 /// A completed outcome joins the batcher; it leaves it only once a flush has answered for it.
 /// While stopping, it is flushed at once instead of after flush_delay.
 void settlement::push_completion(pending_completion p) {

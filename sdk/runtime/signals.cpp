@@ -6,6 +6,8 @@
 
 namespace tenure::detail {
 
+using std::chrono::milliseconds;
+
 namespace {
 
 /// Cancel hints are checked against the database at most once per k_cancel_check_gap, so a

@@ -59,7 +59,7 @@ class signals {
   bool cancel_check_running = false;
   bool cancel_check_armed = false;
   steady_clock::time_point last_cancel_check{};
-  milliseconds cancel_check_backoff{0};
+  std::chrono::milliseconds cancel_check_backoff{0};
 };
 
 }  // namespace tenure::detail

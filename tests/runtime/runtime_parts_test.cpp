@@ -130,12 +130,12 @@ TEST(job_context, wait_cancelled_with_no_limit_blocks_until_the_cancel) {
   c.attempt = {1, 1};
   auto entry = std::make_shared<detail::attempt_entry>(c);
   job_context ctx{entry};
-  auto waited = std::async(std::launch::async, [&] { return ctx.wait_cancelled(milliseconds::max()); });
+  auto waited = std::async(std::launch::async, [&] { return ctx.wait_cancelled(std::chrono::milliseconds::max()); });
   EXPECT_EQ(waited.wait_for(300ms), std::future_status::timeout) << "returned without a cancel";
   entry->cancel();
   ASSERT_EQ(waited.wait_for(3s), std::future_status::ready);
   EXPECT_TRUE(waited.get());
-  EXPECT_TRUE(ctx.wait_cancelled(milliseconds{0})) << "once cancelled, a zero wait says so";
+  EXPECT_TRUE(ctx.wait_cancelled(std::chrono::milliseconds{0})) << "once cancelled, a zero wait says so";
 }
 
 }  // namespace

@@ -1,0 +1,111 @@
+// The handler snippets of README.md, compiled with the samples (never run): scripts/readme-snippets
+// keeps each README block identical to its [snippet:NAME] region here. The stubs above the
+// regions stand for the application's own code.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <system_error>
+
+#include <nlohmann/json.hpp>
+#include <soci/soci.h>
+#include <spdlog/spdlog.h>
+
+#include "tenure/runtime.hpp"
+#include "tenure/soci.hpp"
+
+namespace snippets {
+
+// ---- the application's own code, stubbed -------------------------------------------------------
+constexpr int total = 100'000;
+inline void import_row(int) {}
+inline void send_email(const std::string&, const std::string&) {}
+
+struct payment_provider {
+  void start_payment(const nlohmann::json&, const std::string& /*callback_ref*/) {}
+  bool charge(long long /*order_id*/, long long /*amount_cents*/) { return true; }
+};
+inline payment_provider provider;
+
+struct welcome_args {
+  std::string email;
+  std::string name;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(welcome_args, email, name)
+
+struct charge_args {
+  long long order_id = 0;
+  long long amount_cents = 0;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(charge_args, order_id, amount_cents)
+
+// ---- the snippets --------------------------------------------------------------------------------
+void typed_handler_and_events(std::unique_ptr<tenure::runtime>& rt) {
+  // [snippet:typed]
+  // Typed args: converted with nlohmann-json's from_json; args that do not convert fail the job
+  // for good (they never will).
+  rt->handle<welcome_args>("welcome_email", [](const welcome_args& a, tenure::job_context&) {
+    send_email(a.email, "Welcome, " + a.name);
+    return tenure::job_outcome::completed();
+  });
+  // Reported only after the transition is durable; runs on the control thread: keep it short.
+  rt->on_event([](const tenure::job_event& e) {
+    if (e.event == tenure::lifecycle_event::failed)
+      spdlog::error("job {} ({}) failed for good: {}", e.attempt.job_id, e.kind, e.message);
+  });
+  // [/snippet:typed]
+}
+
+void progress_checkpoint(std::unique_ptr<tenure::runtime>& rt) {
+  // [snippet:progress]
+  rt->handle("import", [](tenure::job_context& ctx) {
+    auto prev = ctx.previous_progress();                 // result<optional<json>>
+    int row = prev && prev.value() ? prev.value()->at("metadata").at("row").get<int>() : 0;
+    for (; row < total; ++row) {
+      import_row(row);
+      if (row % 1000 == 0) ctx.set_progress(row * 100 / total, "importing", {{"row", row}});
+    }
+    return tenure::job_outcome::completed();
+  });
+  // [/snippet:progress]
+}
+
+void external_callback(std::unique_ptr<tenure::runtime>& rt) {
+  // [snippet:callback]
+  rt->handle("payment", [](tenure::job_context& ctx) {
+    auto id = ctx.register_callback(std::chrono::hours{1});
+    if (!id) return tenure::job_outcome::retry(id.error().message());
+    provider.start_payment(ctx.args(), /*callback_ref=*/id.value());   // idempotent on its side
+    auto payload = ctx.wait_for_callback(id.value());
+    if (!payload) return tenure::job_outcome::retry(payload.error().message());  // stale: discarded
+    return tenure::job_outcome::completed(payload.value());
+  });
+  // [/snippet:callback]
+}
+
+void caller_owned(std::unique_ptr<tenure::runtime>& rt, soci::connection_pool& pool) {
+  // [snippet:caller_owned]
+  rt->handle_caller_owned<charge_args>("charge", [&pool](const charge_args& a, tenure::caller_owned_context& ctx)
+                                                     -> tenure::result<tenure::finalization_receipt> {
+    // 1. The provider, outside any transaction; the order id is the idempotency key.
+    if (!provider.charge(a.order_id, a.amount_cents)) {
+      ctx.note_failure("provider unreachable");          // the error recorded with the retry
+      return std::make_error_code(std::errc::io_error);  // retried with the queue's backoff
+    }
+    // 2. One short transaction on one of the application's own connections: the order is paid,
+    //    the receipt job is enqueued (outbox) and this attempt is completed, all or nothing.
+    soci::session db{pool};
+    soci::transaction tx{db};
+    db << "UPDATE orders SET state = 'paid' WHERE id = :id", soci::use(a.order_id);
+    auto receipt_job = tenure::enqueue(db, {.kind = "receipt_email", .args = {{"order_id", a.order_id}}},
+                                       {.schema = ctx.sql_schema()});
+    if (!receipt_job) return receipt_job.error();  // tx rolls back
+    auto receipt = ctx.complete_in_tx(db);         // <schema>.complete_job(token), guarded by (job_id, run_lease)
+    if (!receipt) return receipt.error();          // stale: TN001 aborted the transaction; tx rolls back
+    tx.commit();  // a lost reply throws: the runtime reconciles with the database either way
+    return receipt;
+  });
+  // [/snippet:caller_owned]
+}
+
+}  // namespace snippets
