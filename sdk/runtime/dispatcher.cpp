@@ -154,10 +154,9 @@ void dispatcher::claim_for_wake(queue_state& q) {
   q.wake_pending = true;
   if (q.wake_timer_armed) return;
   q.wake_timer_armed = true;
-  q.wake_timer.expires_after(k_wake_gap - since);
-  q.wake_timer.async_wait([this, &q](const boost::system::error_code& ec) {
+  core.at(q.wake_timer, q.last_answer + k_wake_gap, [this, &q](bool due) {
     q.wake_timer_armed = false;
-    if (!ec && q.wake_pending && !q.claiming) claim_for_wake(q);  // due by the runtime's clock?
+    if (due && q.wake_pending && !q.claiming) pump(q);
   });
 }
 

@@ -44,10 +44,9 @@ void signals::check_cancel_hints() {
   const auto since = core.now() - last_cancel_check;
   if (since < gap) {
     cancel_check_armed = true;
-    cancel_check_timer.expires_after(gap - since);
-    cancel_check_timer.async_wait([this](const boost::system::error_code& ec) {
+    core.at(cancel_check_timer, last_cancel_check + gap, [this](bool due) {
       cancel_check_armed = false;
-      if (!ec) check_cancel_hints();
+      if (due) check_cancel_hints();
     });
     return;
   }
