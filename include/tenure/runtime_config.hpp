@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "tenure/clock.hpp"
 #include "tenure/log.hpp"
 
 namespace tenure {
@@ -75,6 +76,12 @@ struct runtime_config {
   /// Default: the logger named "tenure" on stderr, level info. The library never logs to the
   /// application's default spdlog logger nor to stdout.
   std::shared_ptr<spdlog::logger> logger;
+  /// The clock every timing decision is taken on, by its steady_now(): staleness, the reconcile
+  /// budget, backoffs, the maintenance lease's local expiry, the gaps that coalesce wake-ups and
+  /// cancel checks, the shutdown deadlines. Timers still sleep in real time, then look at this
+  /// clock. Default: the real clock. Tests pass a manual_clock and advance it (a backoff, or a
+  /// stop() deadline, then passes only when the test advances the clock).
+  std::shared_ptr<const clock_port> clock;
 };
 
 }  // namespace tenure

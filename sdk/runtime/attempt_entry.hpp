@@ -14,6 +14,7 @@
 #include "tenure/log.hpp"
 
 #include "sdk/runtime/storable.hpp"
+#include "tenure/clock.hpp"
 #include "tenure/job.hpp"
 #include "tenure/storage_port.hpp"
 
@@ -147,6 +148,9 @@ struct attempt_entry {
 
   /// The store, for the handler's own guarded calls (flush_progress, previous_progress).
   std::shared_ptr<storage_port> store;
+  /// The runtime's clock (runtime_config::clock), for the handler-side waits' pacing.
+  std::shared_ptr<const clock_port> clock;
+  const clock_port& time() const noexcept { return clock ? *clock : system_clock::instance(); }
   /// Caps the store calls handlers make at once (keeps connections for heartbeats); may be null.
   std::shared_ptr<call_gate> store_gate;
   /// Runs a handler-side store call `fn(store)` through the gate.
@@ -176,10 +180,10 @@ struct attempt_entry {
   bool permit_held = true;
   /// When the database last confirmed the attempt live (claim or heartbeat): with staleness,
   /// the attempt's rescue deadline.
-  std::chrono::steady_clock::time_point last_live = std::chrono::steady_clock::now();
+  steady_time_point last_live{};
   bool caller_owned = false;   ///< finished by its handler's own transaction (complete_in_tx)
   /// When the handler returned: the reconcile budget counts from here.
-  std::optional<std::chrono::steady_clock::time_point> done_at;
+  std::optional<steady_time_point> done_at;
 
  private:
   mutable std::once_flag args_once;

@@ -100,7 +100,6 @@ result<std::string> job_context::register_callback(milliseconds timeout) {
   return id;
 }
 result<nlohmann::json> job_context::wait_for_callback(const std::string& callback_id) {
-  using std::chrono::steady_clock;
   milliseconds backoff{20};
   constexpr milliseconds k_max_backoff{1'000};
   constexpr milliseconds k_min_poke_gap{100};
@@ -137,13 +136,16 @@ result<nlohmann::json> job_context::wait_for_callback(const std::string& callbac
     // Sleep until the resume NOTIFY pokes us, the attempt is cancelled, or the backoff passes.
     // A poke is only a hint (any role can send the NOTIFY): polls it brings forward are at
     // least k_min_poke_gap apart, so a flood of them costs a bounded number of polls.
-    const auto polled_at = steady_clock::now();
+    const auto polled_at = entry_->time().steady_now();
     std::unique_lock lock(entry_->mu);
     const bool poked = entry_->cv.wait_for(lock, backoff, [&] {
       return entry_->is_cancelled() || entry_->pokes.load(std::memory_order_acquire) != pokes;
     });
     if (poked) {
-      entry_->cv.wait_until(lock, polled_at + k_min_poke_gap, [&] { return entry_->is_cancelled(); });
+      const auto since = entry_->time().steady_now() - polled_at;
+      if (since < k_min_poke_gap) {
+        entry_->cv.wait_for(lock, k_min_poke_gap - since, [&] { return entry_->is_cancelled(); });
+      }
     }
     backoff = std::min(backoff * 2, k_max_backoff);
   }

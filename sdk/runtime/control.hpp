@@ -8,6 +8,7 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <algorithm>
 #include <chrono>
@@ -21,6 +22,7 @@
 
 #include "sdk/runtime/attempt_entry.hpp"
 #include "sdk/runtime/metrics.hpp"
+#include "tenure/clock.hpp"
 #include "tenure/storage_port.hpp"
 #include "tenure/runtime.hpp"
 
@@ -28,7 +30,6 @@ namespace tenure::detail {
 
 namespace asio = boost::asio;
 using entry_ptr = std::shared_ptr<attempt_entry>;
-using std::chrono::steady_clock;
 
 /// Exponential backoff for retrying database work: 50 ms doubling to 5 s.
 inline std::chrono::milliseconds next_backoff(std::chrono::milliseconds current) {
@@ -38,10 +39,15 @@ inline std::chrono::milliseconds next_backoff(std::chrono::milliseconds current)
 
 class control {
  public:
-  control(runtime_config c, std::shared_ptr<storage_port> s) : cfg(std::move(c)), store(std::move(s)), db(4) {}
+  control(runtime_config c, std::shared_ptr<storage_port> s) : cfg(std::move(c)), store(std::move(s)), db(4) {
+    // The process-wide real clock, not owned.
+    if (!cfg.clock) cfg.clock = std::shared_ptr<const clock_port>(std::shared_ptr<void>{}, &system_clock::instance());
+  }
 
   runtime_config cfg;
   std::shared_ptr<storage_port> store;
+  /// The time every decision is taken on (cfg.clock's monotonic reading).
+  steady_time_point now() const noexcept { return cfg.clock->steady_now(); }
   std::vector<runtime::event_hook> hooks;
   live_metrics m;
 
@@ -59,6 +65,12 @@ class control {
   /// Whether nothing is held or pending (set by the runtime, which sees every piece).
   std::function<bool()> idle_now;
   std::vector<std::function<void()>> idle_waiters;
+  /// Callers waiting for a condition on this state (stop()): `then` runs once `ready` holds.
+  struct waiter {
+    std::function<bool()> ready;
+    std::function<void()> then;
+  };
+  std::vector<waiter> waiters;
 
   std::chrono::milliseconds staleness() const { return cfg.staleness.value_or(cfg.heartbeat_interval * 3); }
   std::chrono::milliseconds reconcile_budget() const { return cfg.reconcile_budget.value_or(staleness()); }
@@ -73,18 +85,37 @@ class control {
   void on_db(Call&& call, Done&& done) {
     asio::post(db, [this, call = std::forward<Call>(call), done = std::forward<Done>(done)]() mutable {
       auto r = call();
-      asio::post(ctl, [r = std::move(r), done = std::move(done)]() mutable { done(std::move(r)); });
+      asio::post(ctl, [this, r = std::move(r), done = std::move(done)]() mutable {
+        done(std::move(r));
+        check_waiters();
+      });
     });
   }
 
   /// Runs `fn` on the control thread after `d`, counted as outstanding work.
   void retry_later(std::chrono::milliseconds d, std::function<void()> fn);
 
+  /// Calls `fn(true)` once the runtime's clock reaches `due`, or `fn(false)` when `t` is
+  /// cancelled first. The timer sleeps in real time (in steps of at most 100 ms) and the clock
+  /// decides, so a manual clock in tests makes a backoff due when it is advanced.
+  void at(asio::steady_timer& t, steady_time_point due, std::function<void(bool)> fn);
+
   /// Calls the lifecycle hooks (control thread), logging any that throws.
   void emit(lifecycle_event e, const claimed_attempt& c, std::string message = {});
 
   /// Wakes the wait_idle() callers once nothing is held or pending.
   void check_idle();
+
+  /// Runs `then` as soon as `ready()` holds: now, or after the database answer or handler exit
+  /// that makes it hold (control thread).
+  void when(std::function<bool()> ready, std::function<void()> then);
+  /// Runs the waiters whose condition holds now; called after every database answer and
+  /// handler exit, the only events that settle anything.
+  void check_waiters();
+
+  /// Runs `fn` on the control thread and waits for it to call its completion, or until
+  /// `timeout` has passed by the runtime's clock.
+  bool run_and_wait_until_due(std::function<void(std::function<void()>)> fn, milliseconds timeout);
 
   /// Runs `fn` on the control thread and waits for it to call its completion, or `timeout`.
   bool run_and_wait(std::function<void(std::function<void()>)> fn, std::chrono::milliseconds timeout);

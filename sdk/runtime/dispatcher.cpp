@@ -59,14 +59,18 @@ void dispatcher::arm_queue_timer(queue_state& q, milliseconds d) {
 
 void dispatcher::on_claimed(queue_state& q, int asked, result<std::vector<claimed_attempt>> r) {
   q.claiming = false;
-  q.last_answer = steady_clock::now();
+  q.last_answer = core.now();
   if (!r) {
     q.free += asked;
     m.database_errors.fetch_add(1, std::memory_order_relaxed);
     q.error_backoff = next_backoff(q.error_backoff);
     tenure::logger()->warn("tenure: claim on queue {} failed ({}); retrying in {} ms", q.opt.name, r.error().message(),
                  q.error_backoff.count());
-    if (!core.stopping) arm_queue_timer(q, std::min(q.error_backoff, cfg.poll_interval));
+    if (!core.stopping) {
+      core.at(q.timer, core.now() + std::min(q.error_backoff, cfg.poll_interval), [this, &q](bool due) {
+        if (due) pump(q);
+      });
+    }
     return;
   }
   q.error_backoff = milliseconds{0};
@@ -144,7 +148,7 @@ void dispatcher::on_wake(const std::string& queue) {
 }
 
 void dispatcher::claim_for_wake(queue_state& q) {
-  const auto since = steady_clock::now() - q.last_answer;
+  const auto since = core.now() - q.last_answer;
   if (since >= k_wake_gap) {
     pump(q);
     return;
@@ -152,10 +156,9 @@ void dispatcher::claim_for_wake(queue_state& q) {
   q.wake_pending = true;
   if (q.wake_timer_armed) return;
   q.wake_timer_armed = true;
-  q.wake_timer.expires_after(k_wake_gap - since);
-  q.wake_timer.async_wait([this, &q](const boost::system::error_code& ec) {
+  core.at(q.wake_timer, q.last_answer + k_wake_gap, [this, &q](bool due) {
     q.wake_timer_armed = false;
-    if (!ec && q.wake_pending && !q.claiming) pump(q);
+    if (due && q.wake_pending && !q.claiming) pump(q);
   });
 }
 

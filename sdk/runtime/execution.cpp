@@ -58,6 +58,7 @@ void execution::start(claimed_attempt c) {
     }
     core.on_ctl([this, entry, outcome = std::move(outcome), progress = std::move(progress)]() mutable {
       settle.on_outcome(entry, std::move(outcome), std::move(progress));
+      core.check_waiters();
     });
   });
 }
@@ -70,6 +71,7 @@ void execution::run_caller_owned(const entry_ptr& entry, const runtime::caller_o
       core.on_ctl([this, entry, problem = std::move(*problem)]() mutable {
         entry->caller_owned = false;
         settle.on_outcome(entry, job_outcome::fail(std::move(problem)));
+        core.check_waiters();
       });
       return;
     }
@@ -107,7 +109,10 @@ void execution::run_caller_owned(const entry_ptr& entry, const runtime::caller_o
         exit.message = "handler threw a non-standard exception";
       }
     }
-    core.on_ctl([this, entry, exit = std::move(exit)]() mutable { settle.on_handler_exit(entry, std::move(exit)); });
+    core.on_ctl([this, entry, exit = std::move(exit)]() mutable {
+      settle.on_handler_exit(entry, std::move(exit));
+      core.check_waiters();
+    });
   });
 }
 

@@ -56,7 +56,7 @@ void heartbeat::beat(std::function<void()> done) {
                  return;
                }
                std::set<attempt_id> live(r.value().begin(), r.value().end());
-               const auto now = steady_clock::now();
+               const auto now = core.now();
                for (const auto& e : entries) {
                  if (live.contains(e->claim.attempt)) e->last_live = now;
                  // An attempt whose handler already returned is settled by its own flush or write

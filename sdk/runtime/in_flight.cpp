@@ -18,6 +18,8 @@ in_flight_table::in_flight_table(control& c) : core(c), m(c.m), capacity_timer(c
 entry_ptr in_flight_table::add(claimed_attempt c) {
   auto entry = std::make_shared<attempt_entry>(std::move(c));
   entry->store = core.store;
+  entry->clock = core.cfg.clock;
+  entry->last_live = core.now();  // the claim just confirmed it live
   in_flight.emplace(entry->claim.attempt, entry);
   m.in_flight.fetch_add(1, std::memory_order_relaxed);
   m.permits_held.fetch_add(1, std::memory_order_relaxed);
@@ -32,12 +34,12 @@ entry_ptr in_flight_table::add(claimed_attempt c) {
 /// read that hangs does not keep the permit either.
 void in_flight_table::check_capacity(const entry_ptr& entry) {
   if (!entry->permit_held || !entry->handler_done || !entry->done_at) return;
-  const auto now = steady_clock::now();
+  const auto now = core.now();
   const auto budget = core.reconcile_budget();
   const auto staleness = core.staleness();
   if (now - *entry->done_at < budget && now - entry->last_live < staleness) return;
   const auto& c = entry->claim;
-  const auto ms = [](steady_clock::duration d) { return std::chrono::duration_cast<milliseconds>(d).count(); };
+  const auto ms = [](steady_time_point::duration d) { return std::chrono::duration_cast<milliseconds>(d).count(); };
   // Two reasons, worded apart: the database took longer than the reconcile budget to answer
   // for the outcome, or the attempt was last confirmed live longer ago than the staleness
   // (its rescue deadline), however recently its handler returned (a process that was paused).

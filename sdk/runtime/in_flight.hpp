@@ -30,7 +30,7 @@ struct queue_state {
   bool pump_posted = false;
   std::chrono::milliseconds idle_step{0};
   std::chrono::milliseconds error_backoff{0};
-  steady_clock::time_point last_answer{};  ///< when the last claim statement answered
+  steady_time_point last_answer{};  ///< when the last claim statement answered
   asio::steady_timer timer;
   asio::steady_timer wake_timer;
 };

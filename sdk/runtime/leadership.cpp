@@ -6,18 +6,16 @@
 
 namespace tenure::detail {
 
-using std::chrono::steady_clock;
-
 std::optional<std::int64_t> leadership::current_term() const {
   std::lock_guard lock(mu);
-  if (term == 0 || steady_clock::now() >= until) return std::nullopt;
+  if (term == 0 || clock.steady_now() >= until) return std::nullopt;
   return term;
 }
 
-void leadership::hold(std::int64_t t, steady_clock::time_point asked) {
+void leadership::hold(std::int64_t t, steady_time_point asked) {
   std::lock_guard lock(mu);
   const auto u = asked + lease_ttl();
-  if (t != term && u > steady_clock::now()) {
+  if (t != term && u > clock.steady_now()) {
     tenure::logger()->info("tenure: worker {} is now the maintenance leader (term {})", cfg.worker_id, t);
   }
   term = t;
@@ -34,7 +32,7 @@ void leadership::drop(std::int64_t t, const std::string& why) {
 std::optional<std::int64_t> leadership::term_for_pass() {
   std::lock_guard lock(mu);
   if (term == 0) return std::nullopt;
-  if (steady_clock::now() < until) return term;
+  if (clock.steady_now() < until) return term;
   tenure::logger()->warn("tenure: worker {} is no longer the maintenance leader (term {}): its lease ({} ms) expired before "
                "it was renewed",
                cfg.worker_id, term, lease_ttl().count());

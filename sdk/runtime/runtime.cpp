@@ -40,7 +40,6 @@ namespace tenure {
 
 namespace asio = boost::asio;
 using std::chrono::milliseconds;
-using std::chrono::steady_clock;
 
 /// The pieces, each standing only on those declared before it (callbacks carry anything that
 /// goes the other way).
@@ -185,17 +184,14 @@ void runtime::stop() noexcept {
           done();
         },
         milliseconds{60'000});
-    // 2. Wait for handlers up to the timeout.
-    const auto deadline = steady_clock::now() + d.core.cfg.shutdown_timeout;
-    auto handlers_done = [&d] {
-      auto p = std::make_shared<std::promise<bool>>();
-      auto f = p->get_future();
-      // A claim still in flight may start handlers yet: they run like the others.
-      d.core.on_ctl([&d, p] { p->set_value(d.core.running_handlers == 0 && !d.dispatch.claiming()); });
-      return f.get();
-    };
-    while (!handlers_done() && steady_clock::now() < deadline) std::this_thread::sleep_for(milliseconds{5});
-    if (!handlers_done()) {
+    // 2. Wait for handlers up to the timeout, woken by the last one's exit (or by the answer
+    //    of a claim still in flight: it may start handlers yet, which run like the others).
+    const bool handlers_done = d.core.run_and_wait_until_due(
+        [&d](std::function<void()> done) {
+          d.core.when([&d] { return d.core.running_handlers == 0 && !d.dispatch.claiming(); }, std::move(done));
+        },
+        d.core.cfg.shutdown_timeout);
+    if (!handlers_done) {
       d.core.run_and_wait(
           [&d](std::function<void()> done) {
             if (d.core.running_handlers > 0) {
@@ -214,22 +210,21 @@ void runtime::stop() noexcept {
           milliseconds{60'000});
     }
     d.core.workers->join();  // handlers ignoring cancellation are waited for here
-    // 3. Flush every pending completion and finish outstanding outcome writes.
-    const auto flush_deadline = steady_clock::now() + std::max(d.core.cfg.shutdown_timeout, milliseconds{5'000});
-    for (;;) {
-      auto p = std::make_shared<std::promise<bool>>();
-      auto f = p->get_future();
-      d.core.on_ctl([&d, p] {
-        d.settle.flush_due(true);
-        p->set_value(d.settle.idle() && d.core.outstanding_ops == 0 && !d.dispatch.claiming());
-      });
-      if (f.get()) break;
-      if (steady_clock::now() >= flush_deadline) {
-        tenure::logger()->error("tenure: shutdown could not flush every completion (database unavailable?); those attempts "
-                      "stay open and will be rescued and run again");
-        break;
-      }
-      std::this_thread::sleep_for(milliseconds{2});
+    // 3. Flush every pending completion and finish outstanding outcome writes, woken by each
+    //    answer (every batch due runs at once while stopping).
+    const bool flushed = d.core.run_and_wait_until_due(
+        [&d](std::function<void()> done) {
+          d.core.when(
+              [&d] {
+                d.settle.flush_due(true);
+                return d.settle.idle() && d.core.outstanding_ops == 0 && !d.dispatch.claiming();
+              },
+              std::move(done));
+        },
+        std::max(d.core.cfg.shutdown_timeout, milliseconds{5'000}));
+    if (!flushed) {
+      tenure::logger()->error("tenure: shutdown could not flush every completion (database unavailable?); those attempts "
+                    "stay open and will be rescued and run again");
     }
     // 4. Stop the background loops.
     d.sigs.stop();

@@ -40,7 +40,7 @@ settlement::settlement(control& c, in_flight_table& t)
 void settlement::on_outcome(const entry_ptr& entry, job_outcome outcome, std::optional<std::string> progress) {
   --core.running_handlers;
   entry->handler_done = true;
-  entry->done_at = steady_clock::now();
+  entry->done_at = core.now();
   const auto& a = entry->claim;
   if (core.abandoning) {
     tenure::logger()->warn("tenure: job {} lease {} queue {} finished after the shutdown timeout; its attempt stays "
@@ -59,7 +59,7 @@ void settlement::on_outcome(const entry_ptr& entry, job_outcome outcome, std::op
 void settlement::on_handler_exit(const entry_ptr& entry, handler_exit exit) {
   --core.running_handlers;
   entry->handler_done = true;
-  entry->done_at = steady_clock::now();
+  entry->done_at = core.now();
   if (core.abandoning) {
     const auto& a = entry->claim;
     tenure::logger()->warn("tenure: job {} lease {} queue {} (caller-owned) exited after the shutdown timeout; not "

@@ -66,7 +66,7 @@ class settlement {
   void push_completion(pending_completion p);
   void flush(std::vector<pending_completion> batch);
   void on_flushed(std::vector<pending_completion> batch, result<std::vector<completion_result>> r,
-                  steady_clock::duration took);
+                  steady_time_point::duration took);
   // evidence (settlement_evidence.cpp)
   void queue_evidence(const entry_ptr& entry, std::shared_ptr<handler_exit> exit);
   void read_evidence(std::vector<pending_reconcile> batch);

@@ -22,15 +22,15 @@ void settlement::flush(std::vector<pending_completion> batch) {
   std::vector<completion> items;
   items.reserve(n);
   for (const auto& p : batch) items.push_back({p.entry->claim.attempt, p.progress});
-  const auto started_at = steady_clock::now();
+  const auto started_at = core.now();
   core.on_db([this, items = std::move(items)] { return core.store->complete(items); },
              [this, batch = std::move(batch), started_at](result<std::vector<completion_result>> r) mutable {
-               on_flushed(std::move(batch), std::move(r), steady_clock::now() - started_at);
+               on_flushed(std::move(batch), std::move(r), core.now() - started_at);
              });
 }
 
 void settlement::on_flushed(std::vector<pending_completion> batch, result<std::vector<completion_result>> r,
-                steady_clock::duration took) {
+                steady_time_point::duration took) {
   if (!r && r.error() == errc::invalid_argument) {
     // Refused for good: the same statement would be refused on every retry, and every later
     // completion would wait behind it. Flush the items one by one to find the refused one;
@@ -68,8 +68,8 @@ void settlement::on_flushed(std::vector<pending_completion> batch, result<std::v
     tenure::logger()->warn("tenure: completion flush of {} failed ({}); retrying in {} ms", batch.size(),
                  r.error().message(), flush_backoff.count());
     completions.put_back(std::move(batch));  // further flushes wait for the retry
-    auto t = std::make_shared<asio::steady_timer>(core.ctl, flush_backoff);
-    t->async_wait([this, t](const boost::system::error_code&) { completions.retry(); });
+    auto t = std::make_shared<asio::steady_timer>(core.ctl);
+    core.at(*t, core.now() + flush_backoff, [this, t](bool) { completions.retry(); });
     return;
   }
   completions.answered();

@@ -21,7 +21,11 @@ void signals::start() {
 }
 
 void signals::stop() {
-  stop_flag = true;
+  {
+    std::lock_guard lock(stop_mu);
+    stop_flag = true;
+  }
+  stop_cv.notify_all();
   if (thread.joinable()) thread.join();
 }
 
@@ -39,13 +43,12 @@ void signals::on_cancel_hint(const attempt_id& a) {
 void signals::check_cancel_hints() {
   if (cancel_check_running || cancel_check_armed || cancel_hints.empty()) return;
   const auto gap = std::max(k_cancel_check_gap, cancel_check_backoff);
-  const auto since = steady_clock::now() - last_cancel_check;
+  const auto since = core.now() - last_cancel_check;
   if (since < gap) {
     cancel_check_armed = true;
-    cancel_check_timer.expires_after(gap - since);
-    cancel_check_timer.async_wait([this](const boost::system::error_code& ec) {
+    core.at(cancel_check_timer, last_cancel_check + gap, [this](bool due) {
       cancel_check_armed = false;
-      if (!ec) check_cancel_hints();
+      if (due) check_cancel_hints();
     });
     return;
   }
@@ -64,7 +67,7 @@ void signals::check_cancel_hints() {
   core.on_db([this, ids] { return core.store->reconcile(std::span<const attempt_id>{ids}); },
              [this, entries = std::move(entries)](result<std::vector<attempt_evidence>> r) {
                cancel_check_running = false;
-               last_cancel_check = steady_clock::now();
+               last_cancel_check = core.now();
                if (!r || r.value().size() != entries.size()) {
                  m.database_errors.fetch_add(1, std::memory_order_relaxed);
                  cancel_check_backoff = next_backoff(cancel_check_backoff);
@@ -94,9 +97,22 @@ void signals::check_cancel_hints() {
              });
 }
 
+bool signals::pause(milliseconds d) {
+  // The wait sleeps in real time, in short steps; whether the pause is over is the runtime
+  // clock's call (a manual clock in tests ends it when advanced).
+  constexpr milliseconds k_step{50};
+  const auto until = core.now() + d;
+  std::unique_lock lock(stop_mu);
+  for (auto now = core.now(); !stop_flag.load() && now < until; now = core.now()) {
+    const auto left = std::chrono::duration_cast<milliseconds>(until - now) + milliseconds{1};
+    stop_cv.wait_for(lock, std::min(left, k_step));
+  }
+  return !stop_flag.load();
+}
+
 void signals::loop() {
   milliseconds backoff{0};
-  auto next_lead_try = steady_clock::now();
+  auto next_lead_try = core.now();
   while (!stop_flag.load()) {
     if (!port->connected()) {
       // The lease is not tied to this session: it stays usable until it expires by our clock.
@@ -105,8 +121,7 @@ void signals::loop() {
         backoff = next_backoff(backoff);
         tenure::logger()->warn("tenure: LISTEN connection failed ({}); polling meanwhile, retrying in {} ms",
                      c.error().message(), backoff.count());
-        const auto until = steady_clock::now() + backoff;
-        while (!stop_flag.load() && steady_clock::now() < until) std::this_thread::sleep_for(milliseconds{20});
+        pause(backoff);
         continue;
       }
       if (backoff.count() > 0) tenure::logger()->info("tenure: LISTEN connection restored");
@@ -116,9 +131,9 @@ void signals::loop() {
         for (auto& q : table.queues) dispatch.on_wake(q->opt.name);
       });
     }
-    if (cfg.maintenance && steady_clock::now() >= next_lead_try) {
+    if (cfg.maintenance && core.now() >= next_lead_try) {
       // Renewed every maintenance_interval, well within the ttl (at least 2 x that interval).
-      const auto asked = steady_clock::now();
+      const auto asked = core.now();
       auto l = port->try_lead(lead.holder, lead.lease_ttl());
       if (l && l.value()) {
         lead.hold(*l.value(), asked);
@@ -128,7 +143,7 @@ void signals::loop() {
       // (A failed renewal keeps the lease until it expires by our clock: the pool may still work.)
       next_lead_try = asked + cfg.maintenance_interval;
     }
-    const auto until_lead = std::chrono::duration_cast<milliseconds>(next_lead_try - steady_clock::now());
+    const auto until_lead = std::chrono::duration_cast<milliseconds>(next_lead_try - core.now());
     auto r = port->wait(cfg.maintenance ? std::clamp(until_lead, milliseconds{1}, milliseconds{100})
                                            : milliseconds{100});
     if (!r) continue;

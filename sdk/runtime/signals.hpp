@@ -7,7 +7,9 @@
 /// handler poll sooner. Stands on control, in_flight, leadership and the dispatcher. Private
 /// to the runtime; start()/stop() from the runtime's lifecycle, the rest on the control thread.
 #include <atomic>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -50,15 +52,20 @@ class signals {
   const runtime_config& cfg;
   live_metrics& m;
 
+  /// Waits out `d` by the runtime's clock, or until stop(); false once stopping.
+  bool pause(milliseconds d);
+
   std::thread thread;
   std::atomic<bool> stop_flag{false};
+  std::mutex stop_mu;
+  std::condition_variable stop_cv;  ///< woken by stop()
 
   /// Attempts in flight here that a cancel notification named, waiting for their liveness check.
   std::set<attempt_id> cancel_hints;
   asio::steady_timer cancel_check_timer;
   bool cancel_check_running = false;
   bool cancel_check_armed = false;
-  steady_clock::time_point last_cancel_check{};
+  steady_time_point last_cancel_check{};
   std::chrono::milliseconds cancel_check_backoff{0};
 };
 
