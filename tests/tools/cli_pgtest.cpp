@@ -648,6 +648,70 @@ TEST_F(cli_pg, grant_admin_gives_the_queue_functions_and_nothing_else) {
   EXPECT_FALSE(has("has_table_privilege('" + role + "', '" + schema_ + ".jobs', 'SELECT')"));
 }
 
+// ---- many jobs -----------------------------------------------------------------------------------
+
+TEST_F(cli_pg, job_list_pages_newest_first_by_keyset_and_filters) {
+  migrate();
+  std::vector<std::int64_t> ids;
+  for (int i = 0; i < 5; ++i) ids.push_back(enqueue({"a", "--queue", i % 2 ? "odd" : "even"}));
+  const auto sms = enqueue({"b", "--queue", "odd"});
+  auto first = tenure({"job", "list", "--limit", "2", "--json"});
+  expect_success(first);
+  auto j = nlohmann::json::parse(first.out);
+  ASSERT_EQ(j["jobs"].size(), 2u);
+  EXPECT_EQ(j["jobs"][0]["id"], sms);
+  EXPECT_EQ(j["jobs"][1]["id"], ids[4]);
+  EXPECT_EQ(j["next_after_id"], ids[4]);
+  auto second = tenure({"job", "list", "--limit", "2", "--after-id", std::to_string(ids[4]), "--json"});
+  j = nlohmann::json::parse(second.out);
+  ASSERT_EQ(j["jobs"].size(), 2u);
+  EXPECT_EQ(j["jobs"][0]["id"], ids[3]);
+  EXPECT_EQ(j["jobs"][1]["id"], ids[2]);
+  auto odd_a = nlohmann::json::parse(tenure({"job", "list", "--queue", "odd", "--kind", "a", "--json"}).out);
+  ASSERT_EQ(odd_a["jobs"].size(), 2u);
+  EXPECT_EQ(odd_a["jobs"][0]["id"], ids[3]);
+  EXPECT_TRUE(odd_a["next_after_id"].is_null());
+  auto text = tenure({"job", "list", "--state", "available", "--limit", "1"});
+  expect_success(text);
+  EXPECT_TRUE(std::regex_match(text.out, std::regex{std::to_string(sms) + " +available +odd b attempt 0/25 created "
+                                                    "[0-9T:Z-]+\nmore: --after-id " + std::to_string(sms) + "\n"}))
+      << text;
+  expect_one_error_line(tenure({"job", "list", "--state", "done"}), 2, "'done' is not a state");
+}
+
+TEST_F(cli_pg, job_retry_and_cancel_by_filter_count_dry_run_and_requeue_dead_letters) {
+  migrate();
+  db_->exec("SELECT " + schema_ + ".configure_queue('dlq', '{\"dead_letter\": true}')");
+  std::vector<std::int64_t> dead;
+  for (int i = 0; i < 3; ++i) dead.push_back(enqueue({"a", "--queue", "dlq", "--max-attempts", "1"}));
+  const auto other = enqueue({"a", "--queue", "other"});
+  db_->exec("SELECT " + schema_ + ".fail_attempt(c.job_id, c.run_lease, 'boom', true) FROM " + schema_ +
+            ".claim_attempts('dlq', 10) c");
+  EXPECT_EQ(db_->exec("SELECT count(*) FROM " + schema_ + ".dead_letter"), "3");
+
+  auto dry = tenure({"job", "retry", "--state", "failed", "--dry-run"});
+  expect_success(dry);
+  EXPECT_EQ(dry.out, "would retry 3 job(s) (dry run: nothing changed)\n");
+  EXPECT_EQ(db_->exec("SELECT count(*) FROM " + schema_ + ".dead_letter"), "3");
+  auto retried = tenure({"job", "retry", "--queue", "dlq"});
+  expect_success(retried);
+  EXPECT_EQ(retried.out, "retried 3 job(s): available now, attempts reset\n");
+  EXPECT_EQ(db_->exec("SELECT count(*) FROM " + schema_ + ".dead_letter"), "0");
+  for (auto id : dead) EXPECT_EQ(show(id)["state"], "available");
+
+  auto cancel_dry = tenure({"job", "cancel", "--queue", "dlq", "--dry-run"});
+  EXPECT_EQ(cancel_dry.out, "would cancel 3 job(s) (dry run: nothing changed)\n");
+  auto cancelled = tenure({"job", "cancel", "--queue", "dlq"});
+  expect_success(cancelled);
+  EXPECT_EQ(cancelled.out, "cancelled 3 job(s)\n");
+  for (auto id : dead) EXPECT_EQ(show(id)["state"], "cancelled");
+  EXPECT_EQ(show(other)["state"], "available") << "another queue is untouched";
+
+  expect_one_error_line(tenure({"job", "retry"}), 2, "give a job ID, or at least one of");
+  expect_one_error_line(tenure({"job", "retry", "--state", "available"}), 2, "matches no job that can be retried");
+  expect_one_error_line(tenure({"job", "cancel", "1", "--queue", "x"}), 2, "either an ID or filters");
+}
+
 // ---- grants ------------------------------------------------------------------------------------
 
 TEST_F(cli_pg, grant_finalizer_on_unknown_role_is_one_line) {
