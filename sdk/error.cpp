@@ -25,6 +25,7 @@ class errc_category final : public std::error_category {
       case errc::shutting_down: return "shutting down";
       case errc::permission_denied: return "permission denied";
       case errc::leadership_lost: return "maintenance leadership lost (lease expired or taken over)";
+      case errc::unsupported: return "not supported by this store";
     }
     return "unknown tenure error " + std::to_string(ev);
   }
@@ -47,6 +48,7 @@ class errc_category final : public std::error_category {
       case errc::invalid_argument:
       case errc::schema_mismatch:
       case errc::permission_denied:
+      case errc::unsupported:
         return make_error_condition(condition::usage_error);
     }
     return std::error_condition(ev, *this);
@@ -82,6 +84,36 @@ std::error_code make_error_code(errc e) noexcept {
 }
 std::error_condition make_error_condition(condition c) noexcept {
   return {static_cast<int>(c), condition_category()};
+}
+
+}  // namespace tenure
+
+namespace tenure {
+
+error::error(std::error_code code, std::string detail, std::string sqlstate) : std::error_code(code) {
+  if (!detail.empty() || !sqlstate.empty()) info_ = std::make_shared<const info>(info{std::move(detail), std::move(sqlstate)});
+}
+
+const std::string& error::detail() const noexcept {
+  static const std::string none;
+  return info_ ? info_->detail : none;
+}
+
+const std::string& error::sqlstate() const noexcept {
+  static const std::string none;
+  return info_ ? info_->sqlstate : none;
+}
+
+std::string error::message() const {
+  std::string out = std::error_code::message();
+  if (!info_) return out;
+  if (!info_->detail.empty()) out += ": " + info_->detail;
+  if (!info_->sqlstate.empty()) out += " [SQLSTATE " + info_->sqlstate + "]";
+  return out;
+}
+
+void outcome_throw_as_system_error_with_payload(const error& e) {
+  throw std::system_error(e.code(), e.detail());
 }
 
 }  // namespace tenure

@@ -59,16 +59,40 @@ result<job_state> parse_job_state(std::string_view s) noexcept {
   return errc::invalid_argument;
 }
 
-result<void> validate(const new_job& job) noexcept {
-  if (!valid_name(job.kind, k_max_kind_size) || !valid_name(job.queue, k_max_queue_size)) {
-    return errc::invalid_argument;
+/// Why `s` is not a valid kind or queue name (`what`), or an empty string.
+static std::string name_problem(std::string_view what, std::string_view s, std::size_t max) {
+  if (s.empty()) return std::string{what} + " is empty";
+  if (!detail::is_storable_text(s)) return std::string{what} + " is not valid UTF-8 or contains a NUL character";
+  if (char_count(s) > max) {
+    return std::string{what} + " has " + std::to_string(char_count(s)) + " characters, more than " + std::to_string(max);
   }
-  if (job.priority < k_min_priority || job.priority > k_max_priority) return errc::invalid_argument;
-  if (job.max_attempts < 1) return errc::invalid_argument;
+  if (has_control_chars(s)) return std::string{what} + " contains a control character";
+  return {};
+}
+
+result<void> validate(const new_job& job) {
+  if (!valid_name(job.kind, k_max_kind_size)) {
+    return error{errc::invalid_argument, name_problem("kind", job.kind, k_max_kind_size)};
+  }
+  if (!valid_name(job.queue, k_max_queue_size)) {
+    return error{errc::invalid_argument, name_problem("queue", job.queue, k_max_queue_size)};
+  }
+  if (job.priority < k_min_priority || job.priority > k_max_priority) {
+    return error{errc::invalid_argument, "priority " + std::to_string(job.priority) + " outside " +
+                                             std::to_string(k_min_priority) + ".." + std::to_string(k_max_priority)};
+  }
+  if (job.max_attempts < 1) {
+    return error{errc::invalid_argument, "max_attempts " + std::to_string(job.max_attempts) + " is less than 1"};
+  }
   // args are a JSON object (null is stored as {}), as the SQL enqueue functions require.
-  if (!job.args.is_object() && !job.args.is_null()) return errc::invalid_argument;
+  if (!job.args.is_object() && !job.args.is_null()) {
+    return error{errc::invalid_argument, std::string{"args must be a JSON object, not "} + job.args.type_name()};
+  }
   // jsonb refuses \u0000 and text that is not UTF-8: refused here, by every store alike.
-  if (!detail::is_storable_json(job.args)) return errc::invalid_argument;
+  if (!detail::is_storable_json(job.args)) {
+    return error{errc::invalid_argument, "args hold a NUL character (\\u0000) or text that is not valid UTF-8, "
+                                         "which PostgreSQL's jsonb cannot store"};
+  }
   return success();
 }
 

@@ -59,9 +59,23 @@ std::string one_line(std::string_view text) {
 }
 
 namespace detail {
+namespace {
 
-result<std::unique_ptr<connection>> connection::open(const std::string& dsn, std::string* detail,
-                                                     const std::string& application_name,
+/// The server's message for a failed statement, for a person: the primary message, then its
+/// DETAIL and HINT. Not its CONTEXT, which quotes the SQL that ran (the caller's own statements,
+/// inside a function).
+std::string server_message(const PGresult* r) {
+  const char* primary = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
+  if (primary == nullptr) return {};
+  std::string msg = one_line(primary);
+  if (const char* d = PQresultErrorField(r, PG_DIAG_MESSAGE_DETAIL)) msg += " (" + one_line(d) + ")";
+  if (const char* h = PQresultErrorField(r, PG_DIAG_MESSAGE_HINT)) msg += " Hint: " + one_line(h);
+  return msg;
+}
+
+}  // namespace
+
+result<std::unique_ptr<connection>> connection::open(const std::string& dsn, const std::string& application_name,
                                                      std::chrono::milliseconds lock_timeout, session_use use) {
   // Defaults that bound every wait on a dead or silent server, placed before the DSN so that
   // whatever the DSN (or PGCONNECT_TIMEOUT) says wins: a connect that hangs gives up after 10 s,
@@ -89,8 +103,7 @@ result<std::unique_ptr<connection>> connection::open(const std::string& dsn, std
   if (c == nullptr || PQstatus(c) != CONNECTION_OK) {
     std::string msg = c ? one_line(PQerrorMessage(c)) : "out of memory";
     if (c) PQfinish(c);
-    if (detail) *detail = "cannot connect to the database: " + msg;
-    return errc::database_unavailable;
+    return error{errc::database_unavailable, "cannot connect to the database: " + msg};
   }
   // Server NOTICEs go to the log at debug level, never to the program's stderr.
   PQsetNoticeProcessor(
@@ -98,28 +111,28 @@ result<std::unique_ptr<connection>> connection::open(const std::string& dsn, std
       nullptr);
   std::unique_ptr<connection> conn{new connection(c, lock_timeout, session_use::none)};
   if (use == session_use::keep) {
-    auto kept = conn->keep_session(detail);
+    auto kept = conn->keep_session();
     if (!kept) return kept.error();
   }
   return conn;
 }
 
-result<void> connection::keep_session(std::string* detail) {
+result<void> connection::keep_session() {
   // UTC everywhere: timestamps cross this boundary as text or epoch microseconds. (Every value
   // tenure sends carries its offset and every one it reads is epoch microseconds, so a
   // connection without a session of its own does without it.)
   std::string setup = "SET TimeZone = 'UTC'";
   if (lock_timeout_.count() > 0) setup += "; SET lock_timeout = " + std::to_string(lock_timeout_.count());
-  auto done = exec_script(setup, effect::read, detail);
+  auto done = exec_script(setup, effect::read);
   if (!done) return done.error();
   use_ = session_use::keep;
   return success();
 }
 
-result<bool> connection::behind_pooler(std::string* detail) {
+result<bool> connection::behind_pooler() {
   if (!ok()) return errc::database_unavailable;
   auto r = check(PQexecParams(conn_, "SELECT pg_catalog.pg_backend_pid()", 0, nullptr, nullptr, nullptr, nullptr, 0),
-                 "backend_pid", effect::read, detail);
+                 "backend_pid", effect::read);
   if (!r) return r.error();
   return r.value().int64(0, 0) != PQbackendPID(conn_);
 }
@@ -128,20 +141,20 @@ connection::~connection() {
   if (conn_) PQfinish(conn_);
 }
 
-result<rows> connection::check(PGresult* r, const char* name, effect e, std::string* detail) {
+result<rows> connection::check(PGresult* r, const char* name, effect e) {
   const auto status = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
   if (status == PGRES_TUPLES_OK || status == PGRES_COMMAND_OK) return rows{r};
   // Copied: the field points into `r`, which is cleared below.
   const char* state_field = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
   const std::string state = state_field ? state_field : "";
-  std::string msg = one_line(r ? PQresultErrorMessage(r) : PQerrorMessage(conn_));
+  std::string msg = r ? server_message(r) : std::string{};
+  if (msg.empty()) msg = one_line(r ? PQresultErrorMessage(r) : PQerrorMessage(conn_));
   if (msg.empty()) msg = one_line(PQerrorMessage(conn_));
   if (r) PQclear(r);
-  if (detail) *detail = msg;
   if (state.empty() || PQstatus(conn_) != CONNECTION_OK) {
     // No SQLSTATE: the connection broke. A write may already have been applied.
     tenure::logger()->warn("tenure.pg: statement {} lost its connection: {}", name, msg);
-    return e == effect::write ? errc::commit_in_doubt : errc::database_unavailable;
+    return error{e == effect::write ? errc::commit_in_doubt : errc::database_unavailable, msg, state};
   }
   const errc code = errc_from_sqlstate(state);
   if (code == errc::database_error) {
@@ -150,20 +163,18 @@ result<rows> connection::check(PGresult* r, const char* name, effect e, std::str
     // Server shutting down or the backend was terminated while our statement ran, and the
     // session went with it: a write may have committed before the answer was lost.
     tenure::logger()->warn("tenure.pg: statement {} interrupted (SQLSTATE {}): {}", name, state, msg);
-    return errc::commit_in_doubt;
+    return error{errc::commit_in_doubt, msg, state};
   }
   // Otherwise the server answered with an error on a live session (a read-only standby after a
   // failover, 25006; disk full or out of memory, class 53): the statement certainly failed.
-
-  return code;
+  return error{code, msg, state};
 }
 
-result<rows> connection::exec(const statement& st, const std::vector<param>& params, effect e,
-                              std::string* detail) {
+result<rows> connection::exec(const statement& st, const std::vector<param>& params, effect e) {
   if (!ok()) return errc::database_unavailable;
   if (use_ == session_use::keep && !prepared_.contains(st.name)) {
     PGresult* r = PQprepare(conn_, st.name, st.sql.c_str(), 0, nullptr);
-    auto prepared = check(r, st.name, effect::read, detail);
+    auto prepared = check(r, st.name, effect::read);
     if (!prepared) return prepared.error();
     prepared_.insert(st.name);
   }
@@ -173,24 +184,21 @@ result<rows> connection::exec(const statement& st, const std::vector<param>& par
     // libpq takes C strings: a NUL byte would cut the value short without a word. PostgreSQL
     // text cannot hold one anyway, so the value is refused (as 22021 would be), never truncated.
     if (p && p->find('\0') != std::string::npos) {
-      if (detail) *detail = "a text value contains a NUL character, which PostgreSQL cannot store";
       tenure::logger()->warn("tenure.pg: statement {} not sent: a parameter contains a NUL character", st.name);
-      return errc::invalid_argument;
+      return error{errc::invalid_argument, "a text value contains a NUL character, which PostgreSQL cannot store"};
     }
     values.push_back(p ? p->c_str() : nullptr);
   }
-  if (use_ == session_use::none) return exec_unnamed(st, values, e, detail);
+  if (use_ == session_use::none) return exec_unnamed(st, values, e);
   PGresult* r = PQexecPrepared(conn_, st.name, static_cast<int>(values.size()), values.data(),
                                nullptr, nullptr, 0);
-  return check(r, st.name, e, detail);
+  return check(r, st.name, e);
 }
 
-result<rows> connection::exec_unnamed(const statement& st, const std::vector<const char*>& values, effect e,
-                                      std::string* detail) {
+result<rows> connection::exec_unnamed(const statement& st, const std::vector<const char*>& values, effect e) {
   const int n = static_cast<int>(values.size());
   if (lock_timeout_.count() <= 0) {
-    return check(PQexecParams(conn_, st.sql.c_str(), n, nullptr, values.data(), nullptr, nullptr, 0), st.name, e,
-                 detail);
+    return check(PQexecParams(conn_, st.sql.c_str(), n, nullptr, values.data(), nullptr, nullptr, 0), st.name, e);
   }
   // The lock_timeout setting and the statement in one pipeline with one sync: one round trip and
   // one implicit transaction, so the setting ends with the statement's transaction and nothing
@@ -226,28 +234,27 @@ result<rows> connection::exec_unnamed(const statement& st, const std::vector<con
     tenure::logger()->warn("tenure.pg: statement {}: connection left in pipeline mode, closing it", st.name);
     PQfinish(conn_);
     conn_ = nullptr;
-    if (detail) *detail = "connection left in pipeline mode";
-    return e == effect::write ? errc::commit_in_doubt : errc::database_unavailable;
+    return error{e == effect::write ? errc::commit_in_doubt : errc::database_unavailable,
+                 "connection left in pipeline mode"};
   }
   if (!synced) {
     // The sync never came back: the transaction's end is unknown (a write may have committed).
-    return check(nullptr, st.name, e, detail);
+    return check(nullptr, st.name, e);
   }
   for (auto& r : got) {
     const auto status = PQresultStatus(r.get());
-    if (status != PGRES_TUPLES_OK && status != PGRES_COMMAND_OK) return check(r.release(), st.name, e, detail);
+    if (status != PGRES_TUPLES_OK && status != PGRES_COMMAND_OK) return check(r.release(), st.name, e);
   }
   if (got.size() != 2) {
-    if (detail) *detail = "unexpected answer to a pipelined statement";
     tenure::logger()->error("tenure.pg: statement {}: {} results in its pipeline, expected 2", st.name, got.size());
-    return errc::database_error;
+    return error{errc::database_error, "unexpected answer to a pipelined statement"};
   }
   return rows{got[1].release()};
 }
 
-result<rows> connection::exec_script(const std::string& sql, effect e, std::string* detail) {
+result<rows> connection::exec_script(const std::string& sql, effect e) {
   if (!ok()) return errc::database_unavailable;
-  return check(PQexec(conn_, sql.c_str()), "script", e, detail);
+  return check(PQexec(conn_, sql.c_str()), "script", e);
 }
 
 void connection::reset_transaction() noexcept {

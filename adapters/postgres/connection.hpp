@@ -82,8 +82,7 @@ class connection {
   /// overriding the DSN's). A positive `lock_timeout` bounds every lock wait of the connection's
   /// statements (SQLSTATE 55P03, transient_conflict). With session_use::keep the session also
   /// gets TimeZone UTC.
-  static result<std::unique_ptr<connection>> open(const std::string& dsn, std::string* detail = nullptr,
-                                                  const std::string& application_name = {},
+  static result<std::unique_ptr<connection>> open(const std::string& dsn, const std::string& application_name = {},
                                                   std::chrono::milliseconds lock_timeout = {},
                                                   session_use use = session_use::keep);
   ~connection();
@@ -91,19 +90,18 @@ class connection {
   connection& operator=(const connection&) = delete;
 
   /// Runs a named statement (prepared on first use on this connection).
-  result<rows> exec(const statement& st, const std::vector<param>& params, effect e,
-                    std::string* detail = nullptr);
+  result<rows> exec(const statement& st, const std::vector<param>& params, effect e);
   /// Runs SQL text without parameters (may hold several statements). For migrations and DDL.
-  result<rows> exec_script(const std::string& sql, effect e, std::string* detail = nullptr);
+  result<rows> exec_script(const std::string& sql, effect e);
 
   /// True when the server process answering differs from the one this connection was given at
   /// connect: a pooler (pgbouncer, ...) sits between, handing out its own backend keys. Any
   /// pooler that moves transactions between server sessions must, or cancel requests would reach
   /// the wrong session. One unnamed statement.
-  result<bool> behind_pooler(std::string* detail = nullptr);
+  result<bool> behind_pooler();
   /// Switches a session_use::none connection found to be a session of its own to
   /// session_use::keep, making the session settings now.
-  result<void> keep_session(std::string* detail = nullptr);
+  result<void> keep_session();
 
   bool ok() const noexcept { return conn_ && PQstatus(conn_) == CONNECTION_OK; }
   /// Leaves an aborted or open transaction, if any (after an error mid-transaction).
@@ -116,10 +114,9 @@ class connection {
  private:
   connection(PGconn* c, std::chrono::milliseconds lock_timeout, session_use use) noexcept
       : conn_(c), lock_timeout_(lock_timeout), use_(use) {}
-  result<rows> check(PGresult* r, const char* name, effect e, std::string* detail);
+  result<rows> check(PGresult* r, const char* name, effect e);
   /// session_use::none: the statement unnamed, with lock_timeout set for its own transaction.
-  result<rows> exec_unnamed(const statement& st, const std::vector<const char*>& values, effect e,
-                            std::string* detail);
+  result<rows> exec_unnamed(const statement& st, const std::vector<const char*>& values, effect e);
 
   PGconn* conn_ = nullptr;
   std::chrono::milliseconds lock_timeout_{};
@@ -129,10 +126,10 @@ class connection {
 
 /// Checks that `dsn` gives a server session of its own, as LISTEN/NOTIFY needs: success for a
 /// direct connection (checked by backend key, one round trip) or a session-mode pooler (a test
-/// notification arrives); errc::invalid_argument, with the cause and the fix in `detail`, when
+/// notification arrives); errc::invalid_argument, with the cause and the fix as its detail, when
 /// none arrives within `wait` (a pooler in transaction or statement mode). Takes no lock.
 result<void> require_session(const std::string& dsn, const std::string& application_name,
-                             std::chrono::milliseconds wait, std::string* detail = nullptr);
+                             std::chrono::milliseconds wait);
 
 // ---- text forms of PostgreSQL values ---------------------------------------------------------
 

@@ -18,6 +18,6 @@ struct migration {
 std::span<const migration> embedded_migrations() noexcept;
 
 /// migrate(), stopping after migration `up_to`: how the upgrade tests install an older version.
-result<int> migrate_up_to(std::string_view dsn, std::string_view schema, int up_to, std::string* detail);
+result<int> migrate_up_to(std::string_view dsn, std::string_view schema, int up_to);
 
 }  // namespace tenure::postgres::detail

@@ -30,15 +30,14 @@ std::string render(const detail::migration& m, std::string_view schema) {
   return sql;
 }
 
-result<int> read_version(connection& c, std::string_view schema, std::string* detail) {
+result<int> read_version(connection& c, std::string_view schema) {
   const std::string s{schema};
   auto exists = c.exec_script(
-      "SELECT to_regclass(" + c.quote_literal(s + ".schema_version") + ") IS NOT NULL", effect::read,
-      detail);
+      "SELECT to_regclass(" + c.quote_literal(s + ".schema_version") + ") IS NOT NULL", effect::read);
   if (!exists) return exists.error();
   if (!exists.value().boolean(0, 0)) return 0;
   auto v = c.exec_script("SELECT coalesce(max(version), 0) FROM " + s + ".schema_version",
-                         effect::read, detail);
+                         effect::read);
   if (!v) return v.error();
   return static_cast<int>(v.value().int64(0, 0));
 }
@@ -49,7 +48,7 @@ result<int> read_version(connection& c, std::string_view schema, std::string* de
 /// functions and USAGE on the schema away from every other role. So a fresh install goes only
 /// into a new schema, or an existing empty one (one a DBA created for tenure, with its owner);
 /// a schema tenure already installed is upgraded as usual.
-result<void> refuse_foreign_schema(connection& c, const std::string& schema, std::string* detail) {
+result<void> refuse_foreign_schema(connection& c, const std::string& schema) {
   const std::string name = c.quote_literal(schema);
   auto r = c.exec_script(
       "SELECT n.oid IS NOT NULL, "
@@ -58,26 +57,23 @@ result<void> refuse_foreign_schema(connection& c, const std::string& schema, std
       "     + (SELECT count(*) FROM pg_proc WHERE pronamespace = n.oid) "
       "     + (SELECT count(*) FROM pg_type WHERE typnamespace = n.oid AND typrelid = 0 AND typelem = 0) "
       "FROM (SELECT 1) one LEFT JOIN pg_namespace n ON n.nspname = " + name,
-      effect::read, detail);
+      effect::read);
   if (!r) return r.error();
   const bool exists = r.value().boolean(0, 0), installed = r.value().boolean(0, 1);
   const auto objects = r.value().int64(0, 2);
   if (installed || (exists && objects == 0 && schema != "public") || (!exists && !schema.starts_with("pg_"))) {
     return success();
   }
-  if (detail) {
-    if (schema.starts_with("pg_")) {
-      *detail = "schema '" + schema + "': names starting with pg_ are reserved for PostgreSQL's own schemas";
-    } else {
-      *detail = "schema '" + schema + "' already exists" +
+  if (schema.starts_with("pg_")) {
+    return error{errc::invalid_argument,
+                 "schema '" + schema + "': names starting with pg_ are reserved for PostgreSQL's own schemas"};
+  }
+  return error{errc::invalid_argument, "schema '" + schema + "' already exists" +
                 (objects > 0 ? " and holds " + std::to_string(objects) + " object(s) tenure did not create"
                              : " and is PostgreSQL's default schema, which every role uses") +
                 "; tenure revokes PUBLIC's rights on its schema and on every function in it, so it installs "
                 "only into a schema of its own: choose another schema name (the default is tenure), or "
-                "create an empty schema for it, owned by the role that runs migrate";
-    }
-  }
-  return errc::invalid_argument;
+                "create an empty schema for it, owned by the role that runs migrate"};
 }
 
 /// Who besides the role on `c` (current_user) can change what tenure's SECURITY DEFINER functions
@@ -97,7 +93,7 @@ result<void> refuse_foreign_schema(connection& c, const std::string& schema, std
 /// Members of current_user are not counted: they can act as current_user already, by a grant of
 /// its rights someone who could act as it made. Returns the reason (one line, with the fix), or
 /// an empty string when none of this holds; a schema that does not exist is fine.
-result<std::string> schema_control_problem(connection& c, const std::string& schema, std::string* detail) {
+result<std::string> schema_control_problem(connection& c, const std::string& schema) {
   const std::string name = c.quote_literal(schema);
   auto r = c.exec_script(
       "WITH n AS (SELECT oid, nspowner, nspacl FROM pg_namespace WHERE nspname = " + name + "), "
@@ -125,7 +121,7 @@ result<std::string> schema_control_problem(connection& c, const std::string& sch
       "       (SELECT string_agg(what, ', ') FROM (SELECT what FROM foreign_owned ORDER BY what LIMIT 3) f), "
       "       (SELECT string_agg(what, ', ') FROM (SELECT what FROM triggerers ORDER BY what LIMIT 5) f), "
       "       EXISTS (SELECT 1 FROM n, aclexplode(n.nspacl) a WHERE a.grantee = 0 AND a.privilege_type = 'CREATE')",
-      effect::read, detail);
+      effect::read);
   if (!r) return r.error();
   const auto& row = r.value();
   const std::string me{row.text(0, 1)};
@@ -160,23 +156,21 @@ result<std::string> schema_control_problem(connection& c, const std::string& sch
   return std::string{};
 }
 
-/// schema_control_problem() as a refusal: errc::invalid_argument with the reason in `detail`.
-result<void> refuse_uncontrolled_schema(connection& c, const std::string& schema, std::string* detail) {
-  TENURE_TRY(auto problem, schema_control_problem(c, schema, detail));
+/// schema_control_problem() as a refusal: errc::invalid_argument with the reason as its detail.
+result<void> refuse_uncontrolled_schema(connection& c, const std::string& schema) {
+  TENURE_TRY(auto problem, schema_control_problem(c, schema));
   if (problem.empty()) return success();
-  if (detail) *detail = std::move(problem);
-  return errc::invalid_argument;
+  return error{errc::invalid_argument, std::move(problem)};
 }
 
-result<std::unique_ptr<connection>> connect_checked(std::string_view dsn, std::string_view schema,
-                                                   std::string* detail) {
+result<std::unique_ptr<connection>> connect_checked(std::string_view dsn, std::string_view schema) {
   if (!valid_schema_name(schema)) {
-    if (detail) *detail = "invalid schema name '" + std::string{schema} + "' (use [a-z_][a-z0-9_]*, at most 54 characters)";
-    return errc::invalid_argument;
+    return error{errc::invalid_argument,
+                 "invalid schema name '" + std::string{schema} + "' (use [a-z_][a-z0-9_]*, at most 54 characters)"};
   }
   // Short connections that run a few statements and transactions: nothing to keep on a session,
   // so they work through a transaction-pooling pooler too.
-  return connection::open(std::string{dsn}, detail, {}, {}, detail::session_use::none);
+  return connection::open(std::string{dsn}, {}, {}, detail::session_use::none);
 }
 
 }  // namespace
@@ -185,39 +179,39 @@ int known_schema_version() noexcept { return static_cast<int>(detail::embedded_m
 
 bool valid_schema_name(std::string_view schema) noexcept { return tenure::valid_schema_name(schema); }
 
-result<int> installed_schema_version(std::string_view dsn, std::string_view schema, std::string* detail) {
-  TENURE_TRY(auto c, connect_checked(dsn, schema, detail));
-  return read_version(*c, schema, detail);
+result<int> installed_schema_version(std::string_view dsn, std::string_view schema) {
+  TENURE_TRY(auto c, connect_checked(dsn, schema));
+  return read_version(*c, schema);
 }
 
-result<void> check_schema_control(std::string_view dsn, std::string_view schema, std::string* detail) {
-  TENURE_TRY(auto c, connect_checked(dsn, schema, detail));
-  return refuse_uncontrolled_schema(*c, std::string{schema}, detail);
+result<void> check_schema_control(std::string_view dsn, std::string_view schema) {
+  TENURE_TRY(auto c, connect_checked(dsn, schema));
+  return refuse_uncontrolled_schema(*c, std::string{schema});
 }
 
-result<int> migrate(std::string_view dsn, std::string_view schema, std::string* detail) {
-  return detail::migrate_up_to(dsn, schema, known_schema_version(), detail);
+result<int> migrate(std::string_view dsn, std::string_view schema) {
+  return detail::migrate_up_to(dsn, schema, known_schema_version());
 }
 
-result<int> detail::migrate_up_to(std::string_view dsn, std::string_view schema, int up_to, std::string* detail) {
-  TENURE_TRY(auto c, connect_checked(dsn, schema, detail));
+result<int> detail::migrate_up_to(std::string_view dsn, std::string_view schema, int up_to) {
+  TENURE_TRY(auto c, connect_checked(dsn, schema));
   const std::string s{schema};
   const int known = known_schema_version();
 
   // One transaction: concurrent migrators wait on the advisory lock, then see the new version.
   auto locked = c->exec_script(
       "BEGIN; SELECT pg_advisory_xact_lock(hashtext(" + c->quote_literal("tenure.migrate:" + s) + "));",
-      effect::write, detail);
+      effect::write);
   if (!locked) {
     c->reset_transaction();
     return locked.error();
   }
-  if (auto foreign = refuse_foreign_schema(*c, s, detail); !foreign) {
+  if (auto foreign = refuse_foreign_schema(*c, s); !foreign) {
     c->reset_transaction();
     return foreign.error();
   }
   // Before anything is created or replaced: a fresh install and an upgrade alike.
-  if (auto uncontrolled = refuse_uncontrolled_schema(*c, s, detail); !uncontrolled) {
+  if (auto uncontrolled = refuse_uncontrolled_schema(*c, s); !uncontrolled) {
     c->reset_transaction();
     return uncontrolled.error();
   }
@@ -226,41 +220,38 @@ result<int> detail::migrate_up_to(std::string_view dsn, std::string_view schema,
           ".schema_version (version int PRIMARY KEY, name text NOT NULL, "
           "applied_at timestamptz NOT NULL DEFAULT now()); REVOKE ALL ON " + s +
           ".schema_version FROM PUBLIC;",
-      effect::write, detail);
+      effect::write);
   if (!begin) {
     c->reset_transaction();
     return begin.error();
   }
-  auto before = read_version(*c, s, detail);
+  auto before = read_version(*c, s);
   if (!before) {
     c->reset_transaction();
     return before.error();
   }
   if (before.value() > known) {
     c->reset_transaction();
-    if (detail) {
-      *detail = "database schema '" + s + "' is at version " + std::to_string(before.value()) +
-                ", newer than this tenure binary knows (" + std::to_string(known) +
-                "); upgrade tenure before using this database";
-    }
-    return errc::schema_mismatch;
+    return error{errc::schema_mismatch, "database schema '" + s + "' is at version " +
+                                            std::to_string(before.value()) + ", newer than this tenure binary knows (" +
+                                            std::to_string(known) + "); upgrade tenure before using this database"};
   }
   for (const auto& m : detail::embedded_migrations()) {
     if (m.version <= before.value() || m.version > up_to) continue;
-    auto applied = c->exec_script(render(m, s), effect::write, detail);
+    auto applied = c->exec_script(render(m, s), effect::write);
     if (applied) {
       applied = c->exec_script("INSERT INTO " + s + ".schema_version (version, name) VALUES (" +
                                    std::to_string(m.version) + ", " + c->quote_literal(m.name) + ")",
-                               effect::write, detail);
+                               effect::write);
     }
     if (!applied) {
       c->reset_transaction();
-      if (detail) *detail = "migration " + std::string{m.name} + " failed: " + *detail;
-      return applied.error();
+      const auto& failed = applied.error();
+      return error{failed.code(), "migration " + std::string{m.name} + " failed: " + failed.detail(), failed.sqlstate()};
     }
     tenure::logger()->info("tenure: applied migration {} to schema {}", m.name, s);
   }
-  auto commit = c->exec_script("COMMIT", effect::write, detail);
+  auto commit = c->exec_script("COMMIT", effect::write);
   if (!commit) return commit.error();
   return before.value();
 }
@@ -288,21 +279,17 @@ std::string ungrantable_role_reason(std::string_view role) {
   return {};
 }
 
-result<void> grant(std::string_view dsn, grant_kind kind, std::string_view role, std::string_view schema,
-                   std::string* detail) {
+result<void> grant(std::string_view dsn, grant_kind kind, std::string_view role, std::string_view schema) {
   if (auto reserved = ungrantable_role_reason(role); !reserved.empty()) {
-    if (detail) *detail = std::move(reserved);
-    return errc::invalid_argument;
+    return error{errc::invalid_argument, std::move(reserved)};
   }
-  TENURE_TRY(auto c, connect_checked(dsn, schema, detail));
-  TENURE_TRY(auto version, read_version(*c, schema, detail));
+  TENURE_TRY(auto c, connect_checked(dsn, schema));
+  TENURE_TRY(auto version, read_version(*c, schema));
   if (version != known_schema_version()) {
-    if (detail) {
-      *detail = "schema '" + std::string{schema} + "' is at version " + std::to_string(version) +
-                ", expected " + std::to_string(known_schema_version()) +
-                (version < known_schema_version() ? " (run tenure migrate)" : " (upgrade tenure)");
-    }
-    return errc::schema_mismatch;
+    return error{errc::schema_mismatch, "schema '" + std::string{schema} + "' is at version " +
+                                            std::to_string(version) + ", expected " +
+                                            std::to_string(known_schema_version()) +
+                                            (version < known_schema_version() ? " (run tenure migrate)" : " (upgrade tenure)")};
   }
   const std::string s{schema};
   const std::string r = c->quote_ident(role);
@@ -353,7 +340,7 @@ result<void> grant(std::string_view dsn, grant_kind kind, std::string_view role,
   for (const auto& f : functions) sql += " GRANT EXECUTE ON FUNCTION " + s + "." + f + " TO " + r + ";";
   for (const auto& t : selects) sql += " GRANT SELECT ON " + s + "." + t + " TO " + r + ";";
   sql += " COMMIT;";
-  auto done = c->exec_script(sql, effect::write, detail);
+  auto done = c->exec_script(sql, effect::write);
   if (!done) {
     c->reset_transaction();
     return done.error();

@@ -41,10 +41,10 @@ bool notified(connection& c, const std::string& channel, std::chrono::millisecon
 }  // namespace
 
 result<void> require_session(const std::string& dsn, const std::string& application_name,
-                             std::chrono::milliseconds wait, std::string* detail) {
+                             std::chrono::milliseconds wait) {
   // Nothing is set on the sessions used here: they may be a pool's.
-  TENURE_TRY(auto listener, connection::open(dsn, detail, application_name, {}, session_use::none));
-  TENURE_TRY(const bool pooled, listener->behind_pooler(detail));
+  TENURE_TRY(auto listener, connection::open(dsn, application_name, {}, session_use::none));
+  TENURE_TRY(const bool pooled, listener->behind_pooler());
   if (!pooled) return success();  // the server's own session: nothing can move it
 
   // A pooler sits between. In session mode this connection keeps its server session, and a
@@ -52,12 +52,12 @@ result<void> require_session(const std::string& dsn, const std::string& applicat
   // session ran it, which the pooler has handed back to its pool, and nothing arrives.
   const std::string channel = probe_channel();
   TENURE_TRY(auto listened, listener->exec_script("LISTEN " + channel + "; SELECT pg_catalog.pg_backend_pid()",
-                                                  effect::read, detail));
+                                                  effect::read));
   const std::int64_t listening_pid = listened.int64(0, 0);
   {
-    TENURE_TRY(auto notifier, connection::open(dsn, detail, application_name, {}, session_use::none));
+    TENURE_TRY(auto notifier, connection::open(dsn, application_name, {}, session_use::none));
     TENURE_TRYV(notifier->exec_script("SELECT pg_catalog.pg_notify(" + notifier->quote_literal(channel) + ", '')",
-                                      effect::write, detail));
+                                      effect::write));
   }
   if (notified(*listener, channel, wait)) {
     (void)listener->exec_script("UNLISTEN " + channel, effect::read);
@@ -70,8 +70,7 @@ result<void> require_session(const std::string& dsn, const std::string& applicat
     auto unlistened = listener->exec_script("UNLISTEN " + channel + "; SELECT pg_catalog.pg_backend_pid()", effect::read);
     if (unlistened && unlistened.value().int64(0, 0) == listening_pid) break;
   }
-  if (detail) {
-    *detail =
+  const std::string why =
         "the runtime needs a database session of its own (LISTEN/NOTIFY for wake-ups, cancellations and "
         "callbacks), but its connection goes through a pooler that does not keep one: a notification sent to "
         "it did not arrive within " +
@@ -79,9 +78,8 @@ result<void> require_session(const std::string& dsn, const std::string& applicat
         " ms, as behind a pooler in transaction or statement mode (e.g. pgbouncer pool_mode=transaction). "
         "Connect the runtime directly to PostgreSQL or through a session-mode pool; producers, finalizers "
         "and the tenure command work through transaction pooling";
-  }
-  tenure::logger()->error("tenure.pg: {}", detail ? *detail : std::string{"the runtime's connection has no session of its own"});
-  return errc::invalid_argument;
+  tenure::logger()->error("tenure.pg: {}", why);
+  return error{errc::invalid_argument, why};
 }
 
 }  // namespace tenure::postgres::detail

@@ -26,10 +26,9 @@ class pg_signal_port final : public signal_port {
 
   result<void> connect() override {
     conn_.reset();
-    std::string why;
-    auto c = connection::open(dsn_, &why, app_);
+    auto c = connection::open(dsn_, app_);
     if (!c) {
-      tenure::logger()->debug("tenure.pg: signal session: {}", why);
+      tenure::logger()->debug("tenure.pg: signal session: {}", c.error().message());
       return c.error();
     }
     conn_ = std::move(c).value();
@@ -187,13 +186,11 @@ std::shared_ptr<signal_port> make_signal_port(std::string dsn, std::string schem
   return std::make_shared<pg_signal_port>(std::move(dsn), std::move(schema), std::move(application_name));
 }
 
-result<std::unique_ptr<runtime>> make_runtime(runtime_options options, std::string* detail) {
+result<std::unique_ptr<runtime>> make_runtime(runtime_options options) {
   if (options.reserved_connections < 1 || options.pool_size <= options.reserved_connections) {
-    if (detail) {
-      *detail = "pool_size (" + std::to_string(options.pool_size) + ") must exceed reserved_connections (" +
-                std::to_string(options.reserved_connections) + ")";
-    }
-    return errc::invalid_argument;
+    return error{errc::invalid_argument, "pool_size (" + std::to_string(options.pool_size) +
+                                             ") must exceed reserved_connections (" +
+                                             std::to_string(options.reserved_connections) + ")"};
   }
   // Handlers' own store calls never take the connections kept for heartbeats, flushes and
   // reconciliation.
@@ -204,18 +201,17 @@ result<std::unique_ptr<runtime>> make_runtime(runtime_options options, std::stri
   options.runtime.sql_schema = options.schema;
   // LISTEN/NOTIFY needs a session of its own: refuse a transaction-pooling pooler now, before
   // anything is claimed or locked, rather than run deaf. Once that holds, so do named statements.
-  TENURE_TRYV(detail::require_session(options.dsn, options.application_name, std::chrono::seconds{5}, detail));
+  TENURE_TRYV(detail::require_session(options.dsn, options.application_name, std::chrono::seconds{5}));
   auto st = store::open({.dsn = options.dsn,
                          .schema = options.schema,
                          .pool_size = options.pool_size,
                          .application_name = options.application_name,
                          .lock_timeout = options.lock_timeout,
-                         .pool_mode = pool_mode::session},
-                        detail);
+                         .pool_mode = pool_mode::session});
   if (!st) return st.error();
   std::shared_ptr<storage_port> shared{std::move(st).value()};
   return runtime::create(std::move(options.runtime), shared,
-                         make_signal_port(options.dsn, options.schema, options.application_name), detail);
+                         make_signal_port(options.dsn, options.schema, options.application_name));
 }
 
 }  // namespace tenure::postgres

@@ -136,10 +136,9 @@ struct store::impl {
       freed.notify_one();
     };
     if (!c || !c->ok()) {
-      std::string why;
-      auto opened = open_connection(&why);
+      auto opened = open_connection();
       if (!opened) {
-        tenure::logger()->warn("tenure.pg: {}", why);
+        tenure::logger()->warn("tenure.pg: {}", opened.error().message());
         give_back(nullptr);
         return opened.error();
       }
@@ -151,8 +150,8 @@ struct store::impl {
     return r;
   }
 
-  result<std::unique_ptr<connection>> open_connection(std::string* detail) {
-    return connection::open(opt.dsn, detail, opt.application_name, opt.lock_timeout,
+  result<std::unique_ptr<connection>> open_connection() {
+    return connection::open(opt.dsn, opt.application_name, opt.lock_timeout,
                             opt.pool_mode == pool_mode::session ? detail::session_use::keep
                                                                 : detail::session_use::none);
   }
@@ -167,50 +166,49 @@ store::~store() = default;
 
 const store_options& store::options() const noexcept { return impl_->opt; }
 
-result<std::unique_ptr<store>> store::open(store_options options, std::string* detail) {
+result<std::unique_ptr<store>> store::open(store_options options) {
   if (options.logger) set_logger(options.logger);
   if (!valid_schema_name(options.schema)) {
-    if (detail) *detail = "invalid schema name '" + options.schema + "'";
-    return errc::invalid_argument;
+    return error{errc::invalid_argument, "invalid schema name '" + options.schema +
+                                             "' (use [a-z_][a-z0-9_]*, at most 54 characters)"};
   }
   if (options.pool_size < 1) options.pool_size = 1;
   auto p = std::make_unique<impl>(std::move(options));
   const bool detect = p->opt.pool_mode == pool_mode::detect;
   if (detect) p->opt.pool_mode = pool_mode::transaction;  // nothing left on a session until known
-  auto c = p->open_connection(detail);
+  auto c = p->open_connection();
   if (!c) return c.error();
   if (detect) {
-    auto pooled = c.value()->behind_pooler(detail);
+    auto pooled = c.value()->behind_pooler();
     if (!pooled) return pooled.error();
     if (!pooled.value()) {
       p->opt.pool_mode = pool_mode::session;
-      if (auto kept = c.value()->keep_session(detail); !kept) return kept.error();
+      if (auto kept = c.value()->keep_session(); !kept) return kept.error();
     }
     tenure::logger()->debug("tenure.pg: store for schema {}: {}", p->opt.schema,
                   pooled.value() ? "a pooler sits between, so no named statement or session setting is used"
                                  : "a direct session, statements prepared by name");
   }
-  auto v = c.value()->exec(p->st.version, {}, effect::read, detail);
+  auto v = c.value()->exec(p->st.version, {}, effect::read);
   if (!v) {
-    if (v.error() == errc::schema_mismatch && detail) {
-      *detail = "tenure schema '" + p->opt.schema + "' is not installed (run tenure migrate)";
+    if (v.error() == errc::schema_mismatch) {
+      return error{errc::schema_mismatch, "tenure schema '" + p->opt.schema + "' is not installed (run tenure migrate)",
+                   v.error().sqlstate()};
     }
     return v.error();
   }
   const auto version = v.value().int64(0, 0);
   if (version != known_schema_version()) {
-    if (detail) {
-      *detail = "tenure schema '" + p->opt.schema + "' is at version " + std::to_string(version) +
-                " but this binary expects " + std::to_string(known_schema_version()) +
-                (version < known_schema_version() ? " (run tenure migrate)" : " (upgrade tenure)");
-    }
-    return errc::schema_mismatch;
+    return error{errc::schema_mismatch, "tenure schema '" + p->opt.schema + "' is at version " +
+                                            std::to_string(version) + " but this binary expects " +
+                                            std::to_string(known_schema_version()) +
+                                            (version < known_schema_version() ? " (run tenure migrate)" : " (upgrade tenure)")};
   }
   p->idle.push_back(std::move(c).value());
   // Open the whole pool now: a connection opened on demand under load can take a second, and a
   // heartbeat waiting for one is how a live attempt ends up rescued.
   for (int i = 1; i < p->opt.pool_size; ++i) {
-    auto more = p->open_connection(detail);
+    auto more = p->open_connection();
     if (!more) return more.error();
     p->idle.push_back(std::move(more).value());
   }

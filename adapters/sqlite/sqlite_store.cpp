@@ -211,17 +211,40 @@ std::error_code map_sqlite_code(int code) noexcept {
   }
 }
 
+/// `ec` with `message` as its detail (just `ec` should the text not fit in memory).
+error with_detail(std::error_code ec, std::string_view message) noexcept {
+  try {
+    return error{ec, std::string{message}};
+  } catch (...) {
+    return ec;
+  }
+}
+
 /// Maps the exception in flight. SOCI reports every failure by throwing; nothing escapes a call.
-std::error_code map_current_exception() noexcept {
+/// SOCI's message only: its context names the statement's bound values, secrets among them.
+error map_current_exception() noexcept {
   try {
     throw;
   } catch (const soci::sqlite3_soci_error& e) {
     const auto ec = map_sqlite_code(e.result());
-    if (ec != errc::transient_conflict) tenure::logger()->warn("tenure.sqlite: {}", e.what());
-    return ec;
+    try {
+      const std::string message = e.get_error_message();
+      if (ec != errc::transient_conflict) tenure::logger()->warn("tenure.sqlite: {}", message);
+      return with_detail(ec, message);
+    } catch (...) {
+      return ec;
+    }
+  } catch (const soci::soci_error& e) {
+    try {
+      const std::string message = e.get_error_message();
+      tenure::logger()->warn("tenure.sqlite: {}", message);
+      return with_detail(errc::database_error, message);
+    } catch (...) {
+      return errc::database_error;
+    }
   } catch (const std::exception& e) {
     tenure::logger()->warn("tenure.sqlite: {}", e.what());
-    return errc::database_error;
+    return with_detail(errc::database_error, e.what());
   } catch (...) {
     return errc::database_error;
   }
@@ -519,7 +542,9 @@ store::~store() = default;
 
 result<std::unique_ptr<store>> store::open(std::string path, const clock_port& clock,
                                            options opts) {
-  if (path.find('"') != std::string::npos) return errc::invalid_argument;  // SOCI quotes with "
+  if (path.find('"') != std::string::npos) {  // SOCI quotes with "
+    return error{errc::invalid_argument, "a database path may not contain a double quote"};
+  }
   try {
     auto st = std::make_unique<detail::store_state>(clock, opts.seed);
     st->session.open(soci::sqlite3, "db=\"" + path + "\"");
@@ -550,7 +575,8 @@ result<void> store::configure_queue(std::string_view queue_name,
   const auto& hard_deadline = settings.hard_deadline;
   if ((hard_deadline && hard_deadline->count() <= 0) || settings.backoff_base.count() < 0 ||
       settings.backoff_cap < settings.backoff_base) {
-    return errc::invalid_argument;
+    return error{errc::invalid_argument, "queue settings: the hard deadline must be positive, the backoff base "
+                                         "not negative, and the backoff cap at least the base"};
   }
   return transact<void>(*state_, tx_mode::write, [&](soci::session& s, std::int64_t) {
     const std::string queue(queue_name);

@@ -3,9 +3,15 @@
 /// tenure's error codes and the conditions that say what a caller should do about them.
 ///
 /// Runtime paths report expected failures as values: `tenure::result<T>` carries either a T or a
-/// `std::error_code` whose category is tenure's. Compare a code with an `errc` for the exact
-/// failure, or with a `condition` for the decision (retry? reconcile? give up? fix the call?).
+/// `tenure::error`: an `std::error_code` (tenure's category, or another library's) plus what the
+/// code alone cannot say: the detail (the server's message, the offending field of an invalid
+/// job) and the SQLSTATE when the database raised it. Compare an error with an `errc` for the
+/// exact failure, or with a `condition` for the decision (retry? reconcile? give up? fix the call?).
+#include <memory>
+#include <string>
+#include <string_view>
 #include <system_error>
+#include <type_traits>
 
 namespace tenure {
 
@@ -43,6 +49,9 @@ enum class errc {
   /// A maintenance pass of a leader whose lease expired or was taken over (a newer term exists):
   /// refused, nothing changed. The process must stop acting as leader. SQLSTATE TN004.
   leadership_lost = 13,
+  /// The store (or its configuration) does not offer the operation: e.g. external callbacks or
+  /// progress on a store without them. The call is valid; this store cannot serve it.
+  unsupported = 14,
 };
 
 /// Broad conditions: what to do about a failure.
@@ -58,6 +67,42 @@ const std::error_category& condition_category() noexcept;
 
 std::error_code make_error_code(errc e) noexcept;
 std::error_condition make_error_condition(condition c) noexcept;
+
+/// A failure as a value: the code (compare it with an errc or a condition, as any
+/// std::error_code) and its detail. Copies share the detail (cheap to pass on).
+class error : public std::error_code {
+ public:
+  error() noexcept = default;
+  error(errc e) noexcept : std::error_code(make_error_code(e)) {}  // NOLINT: implicit by design
+  error(std::error_code code) noexcept : std::error_code(code) {}  // NOLINT: implicit by design
+  template <class Enum>
+    requires std::is_error_code_enum_v<Enum>
+  error(Enum e) noexcept : std::error_code(make_error_code(e)) {}  // NOLINT: implicit by design
+  /// `detail`: what went wrong, for a person (one line). `sqlstate`: the SQLSTATE the database
+  /// raised, when it did.
+  error(std::error_code code, std::string detail, std::string sqlstate = {});
+  error(errc e, std::string detail, std::string sqlstate = {}) : error(make_error_code(e), std::move(detail), std::move(sqlstate)) {}
+
+  const std::error_code& code() const noexcept { return *this; }
+  /// What went wrong beyond the code, or empty.
+  const std::string& detail() const noexcept;
+  /// The SQLSTATE the database raised (five characters), or empty.
+  const std::string& sqlstate() const noexcept;
+  /// The code's message, then ": " and the detail when there is one (SQLSTATE in brackets).
+  std::string message() const;
+
+ private:
+  struct info {
+    std::string detail;
+    std::string sqlstate;
+  };
+  std::shared_ptr<const info> info_;
+};
+
+/// Outcome's hook: reading the value of a failed result throws std::system_error with the detail.
+[[noreturn]] void outcome_throw_as_system_error_with_payload(const error& e);
+/// Outcome's hook: a tenure::error is an error code.
+inline const std::error_code& make_error_code(const error& e) noexcept { return e.code(); }
 
 }  // namespace tenure
 

@@ -54,13 +54,14 @@ struct new_job {
   int max_attempts = k_default_max_attempts;
 };
 
-/// errc::invalid_argument when a field is out of range: empty or oversized kind or queue, a kind
+/// errc::invalid_argument, naming the field and what is wrong with it as the error's detail (e.g.
+/// "priority 7 outside 1..4"), when a field is out of range: empty or oversized kind or queue, a kind
 /// or queue with control characters (C0, DEL or C1) or invalid UTF-8, priority outside 1..4,
 /// max_attempts < 1, args that are not a JSON object (a scalar, an array, or a discarded parse;
 /// JSON null args are stored as `{}`), or args that hold a NUL character or invalid UTF-8 in a
 /// string or key (jsonb cannot store them). run_at needs no check: a time_point cannot name a
 /// time past 2262-04-11, the last one the SQL enqueue functions accept.
-result<void> validate(const new_job& job) noexcept;
+result<void> validate(const new_job& job);
 
 /// One attempt handed to a worker by a claim.
 struct claimed_attempt {

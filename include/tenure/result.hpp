@@ -1,6 +1,6 @@
 #pragma once
 /// \file
-/// `tenure::result<T>`: Boost.Outcome's result over `std::error_code`.
+/// `tenure::result<T>`: Boost.Outcome's result over `tenure::error` (an error code and its detail).
 #include <boost/outcome/std_result.hpp>
 #include <utility>
 
@@ -10,7 +10,7 @@ namespace tenure {
 namespace outcome = BOOST_OUTCOME_V2_NAMESPACE;
 
 template <class T>
-using result = outcome::std_result<T>;
+using result = outcome::std_result<T, error>;
 
 using outcome::success;
 }  // namespace tenure

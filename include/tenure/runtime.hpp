@@ -310,11 +310,10 @@ class runtime {
   using caller_owned_handler = std::function<result<finalization_receipt>(caller_owned_context&)>;
   using event_hook = std::function<void(const job_event&)>;
 
-  /// Validates the config. errc::invalid_argument with `detail` for a bad one.
+  /// Validates the config: errc::invalid_argument, naming the bad setting, for a bad one.
   static result<std::unique_ptr<runtime>> create(runtime_config config,
                                                  std::shared_ptr<storage_port> store,
-                                                 std::shared_ptr<signal_port> signals = nullptr,
-                                                 std::string* detail = nullptr);
+                                                 std::shared_ptr<signal_port> signals = nullptr);
   ~runtime();  ///< stop()s
   runtime(const runtime&) = delete;
   runtime& operator=(const runtime&) = delete;

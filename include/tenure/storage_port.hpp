@@ -142,49 +142,49 @@ class storage_port {
   virtual result<void> cancel_attempt(attempt_id attempt, std::string_view reason) = 0;
   /// The progress the live attempt carried in from earlier attempts of its job (its checkpoint;
   /// nullopt when none), never the attempt's own progress. errc::stale_attempt when not live.
-  /// A store without checkpoints answers errc::invalid_argument (this default).
+  /// A store without checkpoints answers errc::unsupported (this default).
   virtual result<std::optional<std::string>> checkpoint(attempt_id attempt) {
     (void)attempt;
-    return errc::invalid_argument;
+    return error{errc::unsupported, "this store keeps no progress checkpoints"};
   }
 
-  // ---- external callbacks (stores without them answer errc::invalid_argument: the defaults) --
+  // ---- external callbacks (stores without them answer errc::unsupported: the defaults) ------
   /// Registers (or rotates) the live attempt's callback; returns the fresh callback id (UUID
   /// text). `timeout`: how long the attempt may wait once parked. errc::stale_attempt when the
   /// attempt is not live.
   virtual result<std::string> register_callback(attempt_id attempt, std::chrono::microseconds timeout) {
     (void)attempt, (void)timeout;
-    return errc::invalid_argument;
+    return no_callbacks();
   }
   /// Polls the callback, parking the attempt as waiting_external on the first call. Guarded by
   /// (job_id, run_lease, callback_id): errc::stale_attempt when the attempt is not live or the
   /// callback was rotated.
   virtual result<callback_poll> await_callback(attempt_id attempt, std::string_view callback_id) {
     (void)attempt, (void)callback_id;
-    return errc::invalid_argument;
+    return no_callbacks();
   }
   /// Resumes a callback with a JSON payload. false: unknown, already resolved, or stale.
   virtual result<bool> resume_callback(std::string_view callback_id, std::string_view payload_json) {
     (void)callback_id, (void)payload_json;
-    return errc::invalid_argument;
+    return no_callbacks();
   }
   /// Sets a registered callback's timeout (counting from now when already waiting). false:
   /// unknown, resolved, or stale.
   virtual result<bool> extend_callback(std::string_view callback_id, std::chrono::microseconds timeout) {
     (void)callback_id, (void)timeout;
-    return errc::invalid_argument;
+    return no_callbacks();
   }
   /// Completes the callback's job from outside (final progress optional). false as above.
   virtual result<bool> complete_callback(std::string_view callback_id,
                                          std::optional<std::string> progress_json = std::nullopt) {
     (void)callback_id, (void)progress_json;
-    return errc::invalid_argument;
+    return no_callbacks();
   }
   /// Fails the callback's job from outside: retried while attempts remain when `retry`, else
   /// failed for good. false as above.
   virtual result<bool> fail_callback(std::string_view callback_id, std::string_view error, bool retry) {
     (void)callback_id, (void)error, (void)retry;
-    return errc::invalid_argument;
+    return no_callbacks();
   }
 
   // ---- administration ---------------------------------------------------------------------
@@ -231,25 +231,30 @@ class storage_port {
   /// Creates or replaces a queue's settings. errc::invalid_argument for a bad value.
   virtual result<void> configure_queue(std::string_view queue, const queue_settings& settings) = 0;
 
-  // ---- operators (stores without them answer errc::invalid_argument: the defaults) ----------
+  // ---- operators (stores without them answer errc::unsupported: the defaults) ----------
   /// Pauses a queue: once this returns, no claim of it succeeds until `resume_queue` (claims in
   /// progress are waited for); running attempts go on. true when it was running, false when it
   /// was already paused.
   virtual result<bool> pause_queue(std::string_view queue) {
     (void)queue;
-    return errc::invalid_argument;
+    return no_operators();
   }
   /// Resumes a paused queue and wakes its sleeping workers. true when it was paused.
   virtual result<bool> resume_queue(std::string_view queue) {
     (void)queue;
-    return errc::invalid_argument;
+    return no_operators();
   }
   /// Changes the settings `changes` names, all or nothing. errc::invalid_argument for a bad value
   /// (e.g. a backoff cap below the base, a negative duration).
   virtual result<void> update_queue(std::string_view queue, const queue_changes& changes) {
     (void)queue, (void)changes;
-    return errc::invalid_argument;
+    return no_operators();
   }
+ protected:
+  /// What the callback defaults answer.
+  static error no_callbacks() { return error{errc::unsupported, "this store has no external callbacks"}; }
+  /// What the operator defaults answer.
+  static error no_operators() { return error{errc::unsupported, "this store has no queue administration"}; }
 };
 
 }  // namespace tenure

@@ -197,8 +197,8 @@ int run(config cfg) {
     return 2;
   }
   // Installs or upgrades tenure's schema (a no-op when current), then the sample's tables.
-  if (!tenure::postgres::migrate(cfg.database_url, cfg.schema, &why)) {
-    spdlog::critical("cannot migrate tenure's schema '{}': {}", cfg.schema, why);
+  if (auto migrated = tenure::postgres::migrate(cfg.database_url, cfg.schema); !migrated) {
+    spdlog::critical("cannot migrate tenure's schema '{}': {}", cfg.schema, migrated.error().message());
     return 1;
   }
   const bool web = cfg.role == "web" || cfg.role == "all";

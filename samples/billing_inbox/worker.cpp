@@ -215,9 +215,9 @@ std::unique_ptr<tenure::runtime> make_worker(const config& cfg, std::shared_ptr<
   rc.shutdown_timeout = milliseconds{15'000};
   rc.max_caller_owned = cfg.concurrency;  // each holds one of `pool`'s connections at a time
   rc.worker_id = cfg.worker_name.empty() ? "billing-worker:" + std::to_string(::getpid()) : cfg.worker_name;
-  auto made = tenure::postgres::make_runtime(std::move(opts), error);
+  auto made = tenure::postgres::make_runtime(std::move(opts));
   if (!made) {
-    if (error && error->empty()) *error = made.error().message();
+    if (error) *error = made.error().message();
     return nullptr;
   }
   auto rt = std::move(made.value());

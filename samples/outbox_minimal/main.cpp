@@ -19,8 +19,8 @@ int main(int argc, char** argv) {
   const std::string email = argc > 1 ? argv[1] : "ada@example.com";
   if (!url) return std::cerr << "set DATABASE_URL\n", 2;
 
-  std::string why;
-  if (!tenure::postgres::migrate(url, schema, &why)) return std::cerr << why << "\n", 1;  // idempotent
+  // Idempotent; the error names what is wrong and how to fix it.
+  if (auto m = tenure::postgres::migrate(url, schema); !m) return std::cerr << m.error().message() << "\n", 1;
 
   // [snippet:enqueue]
   // 1. Transactional enqueue: COMMIT makes the signup and its job exist together.
@@ -43,8 +43,8 @@ int main(int argc, char** argv) {
   // Other welcome_email jobs may be waiting too (earlier runs): they are sent as well, and the
   // program stops once this signup's email went out (a job may also run more than once).
   std::atomic<bool> sent{false};
-  auto rt = tenure::postgres::make_runtime({.dsn = url, .schema = schema}, &why);
-  if (!rt) return std::cerr << why << "\n", 1;
+  auto rt = tenure::postgres::make_runtime({.dsn = url, .schema = schema});
+  if (!rt) return std::cerr << rt.error().message() << "\n", 1;
   rt.value()->handle("welcome_email", [&](tenure::job_context& ctx) {
     std::cout << "welcome email sent to " << ctx.args().at("email").get<std::string>() << "\n";
     if (ctx.job_id() == job_id) {

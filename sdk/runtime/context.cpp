@@ -91,7 +91,7 @@ result<bool> job_context::flush_progress() {
   return false;
 }
 result<std::string> job_context::register_callback(milliseconds timeout) {
-  if (timeout.count() <= 0) return make_error_code(errc::invalid_argument);
+  if (timeout.count() <= 0) return error{errc::invalid_argument, "callback timeout must be positive"};
   auto id = entry_->with_store(
       [&](storage_port& st) { return st.register_callback(entry_->claim.attempt, timeout); });
   if (!id && id.error() == errc::stale_attempt) entry_->cancel();
@@ -128,7 +128,8 @@ result<nlohmann::json> job_context::wait_for_callback(const std::string& callbac
         entry_->cancel();  // rescued, cancelled, finished from outside, or the id was rotated
         return r.error();
       }
-      if (r.error() == errc::invalid_argument) return r.error();  // the store has no callbacks
+      // The store has no callbacks, or refused the id for good.
+      if (r.error() == errc::unsupported || r.error() == errc::invalid_argument) return r.error();
       // A database error: keep waiting and ask again (the attempt stays parked or open).
     }
     // Sleep until the resume NOTIFY pokes us, the attempt is cancelled, or the backoff passes.

@@ -25,11 +25,11 @@ void control::emit(lifecycle_event e, const claimed_attempt& c, std::string mess
     try {
       h(ev);
     } catch (const std::exception& ex) {
-      tenure::logger()->error("tenure: lifecycle hook threw on {} job {} lease {}: {}", to_string(e), c.attempt.job_id,
-                    c.attempt.run_lease, ex.what());
+      tenure::logger()->error("tenure: lifecycle hook threw on {} job {} lease {} queue {}: {}", to_string(e),
+                              c.attempt.job_id, c.attempt.run_lease, c.queue, ex.what());
     } catch (...) {
-      tenure::logger()->error("tenure: lifecycle hook threw a non-standard exception on {} job {} lease {}", to_string(e),
-                    c.attempt.job_id, c.attempt.run_lease);
+      tenure::logger()->error("tenure: lifecycle hook threw a non-standard exception on {} job {} lease {} queue {}",
+                              to_string(e), c.attempt.job_id, c.attempt.run_lease, c.queue);
     }
   }
 }

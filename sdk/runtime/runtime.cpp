@@ -76,10 +76,9 @@ runtime::runtime(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 runtime::~runtime() { stop(); }
 
 result<std::unique_ptr<runtime>> runtime::create(runtime_config config, std::shared_ptr<storage_port> store,
-                                                 std::shared_ptr<signal_port> signals, std::string* detail) {
-  auto bad = [&](std::string why) -> result<std::unique_ptr<runtime>> {
-    if (detail) *detail = std::move(why);
-    return errc::invalid_argument;
+                                                 std::shared_ptr<signal_port> signals) {
+  auto bad = [](std::string why) -> result<std::unique_ptr<runtime>> {
+    return error{errc::invalid_argument, std::move(why)};
   };
   if (config.logger) set_logger(config.logger);
   if (!store) return bad("no storage");
@@ -131,7 +130,7 @@ result<void> runtime::start() {
   if (d.started) return success();
   if (d.exec.handlers.empty() && d.exec.owned_handlers.empty()) {
     tenure::logger()->error("tenure: runtime::start() with no handler registered");
-    return errc::invalid_argument;
+    return error{errc::invalid_argument, "no handler registered (call handle() or handle_caller_owned() before start())"};
   }
   for (const auto& q : d.core.cfg.queues) {
     if (!q.hard_deadline && !q.dead_letter && !q.backoff_base && !q.backoff_cap) continue;

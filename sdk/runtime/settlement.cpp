@@ -170,8 +170,8 @@ void settlement::apply_outcome(const entry_ptr& entry, job_outcome outcome, mill
           table.release(entry);
           return;
         }
-        tenure::logger()->warn("tenure: recording outcome of job {} lease {} failed ({}); retrying in {} ms",
-                     c.attempt.job_id, c.attempt.run_lease, r.error().message(), next.count());
+        tenure::logger()->warn("tenure: recording outcome of job {} lease {} queue {} failed ({}); retrying in {} ms",
+                               c.attempt.job_id, c.attempt.run_lease, c.queue, r.error().message(), next.count());
         core.retry_later(next,
                          [this, entry, outcome, next]() mutable { apply_outcome(entry, std::move(outcome), next); });
       });

@@ -50,9 +50,8 @@ TEST(caller_owned_outage, permit_is_released_after_the_budget_without_any_write_
     pg setup{schema.dsn()};
     setup.exec("CREATE TABLE " + schema.name() + ".orders (job_id bigint, run_lease bigint)");
   }
-  std::string why;
-  auto opened = postgres::store::open({.dsn = schema.dsn(), .schema = schema.name(), .acquire_timeout = 2s}, &why);
-  ASSERT_TRUE(opened) << why;
+  auto opened = postgres::store::open({.dsn = schema.dsn(), .schema = schema.name(), .acquire_timeout = 2s});
+  ASSERT_TRUE(opened) << opened.error().message();
   std::shared_ptr<postgres::store> inner{std::move(opened).value()};
   // A pass-through decorator (no faults armed) that counts every call the runtime makes.
   auto counted = std::make_shared<testing::faulty_store>(*inner);
@@ -65,8 +64,8 @@ TEST(caller_owned_outage, permit_is_released_after_the_budget_without_any_write_
   cfg.staleness = 10s;  // the rescue deadline is far: the budget decides
   cfg.reconcile_budget = 300ms;
   cfg.sql_schema = schema.name();
-  auto made = runtime::create(cfg, counted, postgres::make_signal_port(schema.dsn(), schema.name()), &why);
-  ASSERT_TRUE(made) << why;
+  auto made = runtime::create(cfg, counted, postgres::make_signal_port(schema.dsn(), schema.name()));
+  ASSERT_TRUE(made) << made.error().message();
   auto rt = std::move(made).value();
 
   std::atomic<int> stop_rc{-2};

@@ -211,13 +211,11 @@ TEST_F(caller_owned, caller_transaction_left_open_then_committed_is_accepted_not
   // the retry write waits on the caller's row lock and times out (lock_timeout), is retried,
   // and once the caller's COMMIT lands it is stale: the evidence is read again and says
   // completed by this attempt. Completed once, no retry, one protocol warning.
-  std::string why;
   auto made = postgres::make_runtime({.dsn = schema_.dsn(),
                                       .schema = schema_.name(),
                                       .lock_timeout = 200ms,
-                                      .runtime = fast_config()},
-                                     &why);
-  ASSERT_TRUE(made) << why;
+                                      .runtime = fast_config()});
+  ASSERT_TRUE(made) << made.error().message();
   auto rt = std::move(made).value();
   auto kept = std::make_shared<pg>(schema_.dsn());
   std::atomic<bool> returned{false};
@@ -353,11 +351,9 @@ TEST_F(caller_owned, pool_reserve_caps_caller_owned_handlers_while_heartbeats_an
   cfg.heartbeat_interval = 100ms;
   cfg.staleness = 600ms;
   cfg.max_caller_owned = 2;
-  std::string why;
   auto made = postgres::make_runtime(
-      {.dsn = schema_.dsn(), .schema = schema_.name(), .pool_size = 3, .reserved_connections = 2, .runtime = cfg},
-      &why);
-  ASSERT_TRUE(made) << why;
+      {.dsn = schema_.dsn(), .schema = schema_.name(), .pool_size = 3, .reserved_connections = 2, .runtime = cfg});
+  ASSERT_TRUE(made) << made.error().message();
   auto rt = std::move(made).value();
   EXPECT_EQ(rt->config().handler_store_calls, 1);
   std::atomic<int> running{0}, peak{0};
@@ -407,13 +403,11 @@ TEST_F(caller_owned, pool_reserve_caps_caller_owned_handlers_while_heartbeats_an
 }
 
 TEST_F(caller_owned, pool_without_a_free_connection_beyond_the_reserve_is_refused) {
-  std::string why;
   auto r = postgres::make_runtime(
-      {.dsn = schema_.dsn(), .schema = schema_.name(), .pool_size = 2, .reserved_connections = 2, .runtime = fast_config()},
-      &why);
+      {.dsn = schema_.dsn(), .schema = schema_.name(), .pool_size = 2, .reserved_connections = 2, .runtime = fast_config()});
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error(), errc::invalid_argument);
-  EXPECT_NE(why.find("reserved_connections"), std::string::npos) << why;
+  EXPECT_NE(r.error().message().find("reserved_connections"), std::string::npos) << r.error().message();
 }
 
 }  // namespace

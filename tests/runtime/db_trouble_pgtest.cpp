@@ -151,9 +151,8 @@ TEST_F(db_trouble_pg, terminated_backends_and_a_server_restart_mid_run_lose_no_j
   opt.runtime.maintenance_interval = 100ms;
   opt.runtime.flush_delay = 1ms;
   opt.runtime.shutdown_timeout = 10s;
-  std::string why;
-  auto made = postgres::make_runtime(opt, &why);
-  ASSERT_TRUE(made) << why;
+  auto made = postgres::make_runtime(opt);
+  ASSERT_TRUE(made) << made.error().message();
   rt_ = std::move(made).value();
   rt_->handle("work", [this](job_context&) {
     std::this_thread::sleep_for(1ms);

@@ -75,9 +75,8 @@ class logging : public ::testing::Test {
     c.poll_interval = 5ms;
     c.heartbeat_interval = 1h;
     c.maintenance_interval = 1h;
-    std::string why;
-    auto rt = runtime::create(std::move(c), shared, nullptr, &why);
-    if (!rt) throw std::runtime_error(why);
+    auto rt = runtime::create(std::move(c), shared, nullptr);
+    if (!rt) throw std::runtime_error(rt.error().message());
     rt.value()->handle("k", [](job_context&) { return job_outcome::fail("broken on purpose"); });
     if (!rt.value()->start()) throw std::runtime_error("start failed");
     const auto until = std::chrono::steady_clock::now() + 10s;

@@ -223,10 +223,9 @@ TEST_F(notification_hints_pg, a_wake_flood_costs_a_bounded_number_of_claims_and_
 TEST_F(notification_hints_pg, a_resume_flood_makes_a_waiting_handler_poll_a_bounded_number_of_times) {
   auto inner = open_store();
   auto store = std::make_shared<testing::faulty_store>(*inner);
-  std::string why;
   auto created = runtime::create(slow_heartbeat_config(), store,
-                                 postgres::make_signal_port(schema_.dsn(), schema_.name(), "hints"), &why);
-  ASSERT_TRUE(created) << why;
+                                 postgres::make_signal_port(schema_.dsn(), schema_.name(), "hints"));
+  ASSERT_TRUE(created) << created.error().message();
   auto rt = std::move(created).value();
   std::promise<std::string> callback;
   std::atomic<bool> resumed{false};

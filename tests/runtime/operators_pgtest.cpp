@@ -145,7 +145,7 @@ TEST_F(operators_pg, configure_queue_refuses_unknown_keys_and_bad_values_with_22
   auto store = open_store();
   ASSERT_TRUE(store->update_queue("mail", {.retain_cancelled = 45s}));
   EXPECT_EQ(db_.scalar("SELECT retain_cancelled FROM " + s("queues") + " WHERE name = 'mail'"), "00:00:45");
-  EXPECT_EQ(store->update_queue("mail", {.backoff_base = 5h}).error(), errc::invalid_argument);
+  EXPECT_TRUE(store->update_queue("mail", {.backoff_base = 5h}).error() == errc::invalid_argument);
   ASSERT_TRUE(store->pause_queue("mail").value());
   EXPECT_FALSE(store->pause_queue("mail").value());
   ASSERT_TRUE(store->resume_queue("mail").value());
@@ -166,8 +166,8 @@ TEST_F(operators_pg, only_a_role_given_grant_admin_may_pause_resume_configure_or
     owner.exec("CREATE ROLE " + role + " LOGIN");
     roles.push_back(role);
     if (kind) {
-      std::string why;
-      EXPECT_TRUE(postgres::grant(schema_.dsn(), *kind, role, schema_.name(), &why)) << why;
+      auto g = postgres::grant(schema_.dsn(), *kind, role, schema_.name());
+      EXPECT_TRUE(g) << g.error().message();
     }
     return role;
   };

@@ -22,9 +22,8 @@ class runtime_pg : public ::testing::Test {
 
   /// A runtime on this test's schema with test-friendly defaults (fast flush, fast heartbeat).
   std::unique_ptr<runtime> make(runtime_config cfg = fast_config()) {
-    std::string why;
-    auto r = postgres::make_runtime({.dsn = schema_.dsn(), .schema = schema_.name(), .runtime = std::move(cfg)}, &why);
-    if (!r) throw std::runtime_error("make_runtime: " + why);
+    auto r = postgres::make_runtime({.dsn = schema_.dsn(), .schema = schema_.name(), .runtime = std::move(cfg)});
+    if (!r) throw std::runtime_error("make_runtime: " + r.error().message());
     return std::move(r).value();
   }
   static runtime_config fast_config() {
@@ -38,9 +37,8 @@ class runtime_pg : public ::testing::Test {
     return c;
   }
   std::shared_ptr<postgres::store> open_store() {
-    std::string why;
-    auto st = postgres::store::open({.dsn = schema_.dsn(), .schema = schema_.name()}, &why);
-    if (!st) throw std::runtime_error("store: " + why);
+    auto st = postgres::store::open({.dsn = schema_.dsn(), .schema = schema_.name()});
+    if (!st) throw std::runtime_error("store: " + st.error().message());
     return std::shared_ptr<postgres::store>(std::move(st).value());
   }
   std::string enqueue(const std::string& kind, const std::string& args = "{}", const std::string& queue = "default",

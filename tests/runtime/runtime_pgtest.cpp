@@ -109,14 +109,13 @@ TEST_F(runtime_pg, enqueue_pays_for_notify_only_while_a_worker_waits) {
 }
 
 TEST_F(runtime_pg, polls_when_listen_is_unavailable) {
-  std::string why;
   auto store = open_store();
   auto cfg = fast_config();
   cfg.poll_interval = 50ms;
   // A signal port that can never connect: the runtime must fall back to polling.
   auto broken = postgres::make_signal_port("postgresql://postgres@127.0.0.1:1/none", schema_.name());
-  auto rt = runtime::create(cfg, store, broken, &why);
-  ASSERT_TRUE(rt) << why;
+  auto rt = runtime::create(cfg, store, broken);
+  ASSERT_TRUE(rt) << rt.error().message();
   std::atomic<int> ran{0};
   rt.value()->handle("k", [&](job_context&) {
     ++ran;
@@ -446,22 +445,20 @@ TEST_F(runtime_pg, create_refuses_staleness_below_twice_the_heartbeat) {
   auto cfg = fast_config();
   cfg.heartbeat_interval = 1s;
   cfg.staleness = 1500ms;
-  std::string why;
-  auto r = postgres::make_runtime({.dsn = schema_.dsn(), .schema = schema_.name(), .runtime = cfg}, &why);
+  auto r = postgres::make_runtime({.dsn = schema_.dsn(), .schema = schema_.name(), .runtime = cfg});
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error(), errc::invalid_argument);
-  EXPECT_NE(why.find("staleness"), std::string::npos) << why;
+  EXPECT_NE(r.error().message().find("staleness"), std::string::npos) << r.error().message();
 }
 
 TEST_F(runtime_pg, create_refuses_a_maintenance_lease_below_twice_the_interval_or_above_an_hour) {
   for (const auto lease : {std::chrono::milliseconds{150}, std::chrono::milliseconds{std::chrono::hours{2}}}) {
     auto cfg = fast_config();  // maintenance_interval 100 ms
     cfg.maintenance_lease = lease;
-    std::string why;
-    auto r = postgres::make_runtime({.dsn = schema_.dsn(), .schema = schema_.name(), .runtime = cfg}, &why);
+    auto r = postgres::make_runtime({.dsn = schema_.dsn(), .schema = schema_.name(), .runtime = cfg});
     ASSERT_FALSE(r) << lease.count();
     EXPECT_EQ(r.error(), errc::invalid_argument);
-    EXPECT_NE(why.find("maintenance_lease"), std::string::npos) << why;
+    EXPECT_NE(r.error().message().find("maintenance_lease"), std::string::npos) << r.error().message();
   }
   auto cfg = fast_config();
   cfg.maintenance_lease = 200ms;

@@ -53,9 +53,8 @@ class runtime_unit : public ::testing::Test {
     return c;
   }
   std::unique_ptr<runtime> make(runtime_config c) {
-    std::string why;
-    auto r = runtime::create(std::move(c), faulty_, nullptr, &why);
-    if (!r) throw std::runtime_error(why);
+    auto r = runtime::create(std::move(c), faulty_, nullptr);
+    if (!r) throw std::runtime_error(r.error().message());
     return std::move(r).value();
   }
   std::int64_t enqueue(std::string kind = "k") {
@@ -390,13 +389,13 @@ TEST_F(runtime_unit, a_hook_that_throws_anything_is_logged_and_the_job_still_com
 TEST_F(runtime_unit, sql_schema_follows_the_same_name_rule_as_migrate) {
   auto c = config();
   c.sql_schema = std::string(54, 's');
-  std::string why;
-  EXPECT_TRUE(runtime::create(c, faulty_, nullptr, &why)) << why;
+  auto accepted = runtime::create(c, faulty_, nullptr);
+  EXPECT_TRUE(accepted) << accepted.error().message();
   c.sql_schema = std::string(55, 's');  // 63 bytes would fit an identifier, not <schema>_callback
-  auto refused = runtime::create(c, faulty_, nullptr, &why);
+  auto refused = runtime::create(c, faulty_, nullptr);
   ASSERT_FALSE(refused);
   EXPECT_EQ(refused.error(), errc::invalid_argument);
-  EXPECT_NE(why.find("at most 54 characters"), std::string::npos) << why;
+  EXPECT_NE(refused.error().message().find("at most 54 characters"), std::string::npos) << refused.error().message();
 }
 
 TEST_F(runtime_unit, on_event_after_start_is_refused) {

@@ -57,9 +57,8 @@ TEST_F(signals_pg, stop_returns_when_the_signal_session_stops_answering_mid_stat
   auto b = port(schema_.dsn(), "signals-b");
   ASSERT_TRUE(b->connect());
   ASSERT_TRUE(b->try_lead("b", 10min).value());
-  std::string why;
-  auto a = runtime::create(fast_config(), open_store(), port(proxy_.dsn(schema_.dsn()), "signals-a"), &why);
-  ASSERT_TRUE(a) << why;
+  auto a = runtime::create(fast_config(), open_store(), port(proxy_.dsn(schema_.dsn()), "signals-a"));
+  ASSERT_TRUE(a) << a.error().message();
   a.value()->handle("noop", [](job_context&) { return job_outcome::completed(); });
   ASSERT_TRUE(a.value()->start());
   ASSERT_TRUE(eventually([&] { return proxy_.connections() == 1; }, 5s));

@@ -121,11 +121,10 @@ int main(int argc, char** argv) {
   cfg.worker_id = "mp-" + name;
   cfg.maintenance = argc == 4;
 
-  std::string why;
-  auto made = tenure::postgres::make_runtime(opt, &why);
+  auto made = tenure::postgres::make_runtime(opt);
   if (!made) {
     std::fprintf(stderr, "worker %s: make_runtime failed: %s: %s\n", name.c_str(), made.error().message().c_str(),
-                 why.c_str());
+                 made.error().message().c_str());
     return 1;
   }
   auto rt = std::move(made).value();

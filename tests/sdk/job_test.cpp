@@ -30,6 +30,27 @@ TEST(job_validation, rejects_out_of_range_fields) {
   EXPECT_TRUE(bad([](new_job& j) { j.args = nlohmann::json::parse("{", nullptr, false); }));
 }
 
+TEST(job_validation, an_invalid_job_is_refused_with_the_offending_field_named) {
+  auto why = [](auto mutate) {
+    new_job j{.kind = "k"};
+    mutate(j);
+    auto r = tenure::validate(j);
+    EXPECT_FALSE(r);
+    return r ? std::string{} : r.error().detail();
+  };
+  EXPECT_EQ(why([](new_job& j) { j.priority = 7; }), "priority 7 outside 1..4");
+  EXPECT_EQ(why([](new_job& j) { j.max_attempts = 0; }), "max_attempts 0 is less than 1");
+  EXPECT_EQ(why([](new_job& j) { j.kind.clear(); }), "kind is empty");
+  EXPECT_EQ(why([](new_job& j) { j.queue = "a\tb"; }), "queue contains a control character");
+  EXPECT_EQ(why([](new_job& j) { j.kind = std::string(256, 'k'); }), "kind has 256 characters, more than 255");
+  EXPECT_EQ(why([](new_job& j) { j.args = nlohmann::json::array(); }), "args must be a JSON object, not array");
+  EXPECT_NE(why([](new_job& j) { j.args = {{"a", std::string("x\0y", 3)}}; }).find("NUL character"), std::string::npos);
+  // The message a log line or a CLI shows: the code's text, then the field.
+  auto r = tenure::validate(new_job{.kind = "k", .priority = 7});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().message(), "invalid argument: priority 7 outside 1..4");
+}
+
 TEST(job_validation, args_are_a_json_object_or_null) {
   for (const auto& args : {nlohmann::json::array({1, 2}), nlohmann::json("str"), nlohmann::json(7),
                            nlohmann::json(true), nlohmann::json::array()}) {

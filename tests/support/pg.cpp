@@ -151,9 +151,8 @@ std::string pg::scalar(const std::string& sql, const std::vector<cell>& params) 
 
 scoped_schema::scoped_schema(std::string prefix)
     : dsn_(test_dsn()), name_(std::move(prefix) + "_" + random_suffix()) {
-  std::string why;
-  auto m = tenure::postgres::migrate(dsn_, name_, &why);
-  if (!m) throw std::runtime_error("migrate " + name_ + " failed: " + m.error().message() + ": " + why);
+  auto m = tenure::postgres::migrate(dsn_, name_);
+  if (!m) throw std::runtime_error("migrate " + name_ + " failed: " + m.error().message());
 }
 
 scoped_schema::~scoped_schema() {

@@ -77,9 +77,8 @@ double percentile(std::vector<double> v, double p) {
 }
 
 std::shared_ptr<postgres::store> open_store(const std::string& dsn, const std::string& schema, int pool = 4) {
-  std::string why;
-  auto st = postgres::store::open({.dsn = dsn, .schema = schema, .pool_size = pool}, &why);
-  if (!st) throw std::runtime_error("bench: cannot open the store: " + why);
+  auto st = postgres::store::open({.dsn = dsn, .schema = schema, .pool_size = pool});
+  if (!st) throw std::runtime_error("bench: cannot open the store: " + st.error().message());
   return std::shared_ptr<postgres::store>(std::move(st).value());
 }
 
@@ -113,9 +112,8 @@ runtime_config drain_config() {
 }
 
 std::unique_ptr<runtime> make_runtime(const std::string& dsn, const std::string& schema, runtime_config cfg) {
-  std::string why;
-  auto rt = postgres::make_runtime({.dsn = dsn, .schema = schema, .pool_size = 4, .runtime = std::move(cfg)}, &why);
-  if (!rt) throw std::runtime_error("bench: cannot create the runtime: " + why);
+  auto rt = postgres::make_runtime({.dsn = dsn, .schema = schema, .pool_size = 4, .runtime = std::move(cfg)});
+  if (!rt) throw std::runtime_error("bench: cannot create the runtime: " + rt.error().message());
   return std::move(rt).value();
 }
 
@@ -842,9 +840,8 @@ nlohmann::json run(const options& o) {
   if (o.jobs < 1) throw std::runtime_error("bench: --jobs must be at least 1");
   if (o.producers < 1) throw std::runtime_error("bench: --producers must be at least 1");
   const std::string schema = "bench_" + random_hex();
-  std::string why;
-  auto migrated = postgres::migrate(o.dsn, schema, &why);
-  if (!migrated) throw std::runtime_error("bench: migrate failed: " + why);
+  auto migrated = postgres::migrate(o.dsn, schema);
+  if (!migrated) throw std::runtime_error("bench: migrate failed: " + migrated.error().message());
   nlohmann::json result;
   try {
     if (o.mode == "runtime") {

@@ -33,8 +33,16 @@ std::string reason_for(std::error_code ec) {
 
 }  // namespace
 
-command_error adapter_error(std::string_view what, std::error_code ec, std::string detail) {
-  std::string reason = detail.empty() ? reason_for(ec) : strip_severity(std::move(detail));
+command_error adapter_error(std::string_view what, const tenure::error& ec) {
+  std::string reason;
+  if (ec.detail().empty() || ec == errc::commit_in_doubt) {
+    reason = reason_for(ec);
+  } else if (ec == errc::database_error) {
+    // The server's own words, after what kind of failure it is.
+    reason = ec.code().message() + ": " + strip_severity(ec.detail());
+  } else {
+    reason = strip_severity(ec.detail());
+  }
   // The adapter's connect and schema-version failures already read as whole sentences naming
   // the schema; a prefix would only bury the part the user looks for.
   if (what.empty() || ec == errc::schema_mismatch || reason.starts_with("cannot connect to the database")) {
@@ -82,20 +90,18 @@ std::unique_ptr<postgres::store> open_store(const context& ctx) {
   // A statement or two per run: nothing to gain from preparing them, and nothing is left on a
   // server session, so every command works through a transaction-pooling pooler.
   options.pool_mode = postgres::pool_mode::transaction;
-  std::string detail;
-  auto opened = postgres::store::open(std::move(options), &detail);
+  auto opened = postgres::store::open(std::move(options));
   if (!opened) {
     // The store's details (unreachable, not migrated, newer schema) are whole sentences.
-    throw adapter_error("", opened.error(), std::move(detail));
+    throw adapter_error("", opened.error());
   }
   return std::move(opened).value();
 }
 
 void require_current_schema(const context& ctx) {
-  std::string detail;
-  auto installed = postgres::installed_schema_version(ctx.dsn(), ctx.schema, &detail);
+  auto installed = postgres::installed_schema_version(ctx.dsn(), ctx.schema);
   if (!installed) {
-    throw adapter_error("cannot read the schema version", installed.error(), std::move(detail));
+    throw adapter_error("cannot read the schema version", installed.error());
   }
   const int version = installed.value();
   const int known = postgres::known_schema_version();

@@ -34,7 +34,7 @@ class command_error : public std::runtime_error {
 /// the adapter gave one, else the errc message plus the adapter's last held warning (the only
 /// place a store call's SQL error text surfaces). `what` may be empty for errors whose detail
 /// already says everything (e.g. "cannot connect to the database: ...").
-command_error adapter_error(std::string_view what, std::error_code ec, std::string detail = {});
+command_error adapter_error(std::string_view what, const tenure::error& ec);
 
 /// Global options and the chosen command. Filled by CLI11 while parsing.
 struct context {

@@ -36,11 +36,10 @@ int run_grant(const context& ctx, const grant_command& g, const std::string& rol
     throw command_error("cannot grant " + std::string{g.label} + " access: " + reserved, k_exit_usage);
   }
   require_current_schema(ctx);
-  std::string detail;
-  auto granted = postgres::grant(ctx.dsn(), g.kind, role, ctx.schema, &detail);
+  auto granted = postgres::grant(ctx.dsn(), g.kind, role, ctx.schema);
   if (!granted) {
     throw adapter_error("cannot grant " + std::string{g.label} + " access to role \"" + role + "\"",
-                        granted.error(), std::move(detail));
+                        granted.error());
   }
   std::cout << "granted " << g.label << " access on schema " << ctx.schema << " to role " << role << '\n';
   return k_exit_ok;

@@ -8,10 +8,9 @@ namespace tenure::cli {
 namespace {
 
 int run_migrate(const context& ctx) {
-  std::string detail;
-  auto before = postgres::migrate(ctx.dsn(), ctx.schema, &detail);
+  auto before = postgres::migrate(ctx.dsn(), ctx.schema);
   if (!before) {
-    auto e = adapter_error("cannot migrate schema " + ctx.schema, before.error(), std::move(detail));
+    auto e = adapter_error("cannot migrate schema " + ctx.schema, before.error());
     // A schema tenure may not install into is a wrong --schema, as a malformed name is.
     if (before.error() == errc::invalid_argument) throw command_error(e.what(), k_exit_usage);
     throw e;

@@ -31,9 +31,9 @@ struct runtime_options {
 /// a pooler (the server's process id is not the connection's own), a test NOTIFY must reach a
 /// LISTENing connection within 5 s. Through a pooler in transaction or statement mode it does
 /// not, and make_runtime returns errc::invalid_argument, naming the cause and the fix in
-/// `detail`, having taken no lock. Through session pooling the runtime runs as on a direct
+/// its detail, having taken no lock. Through session pooling the runtime runs as on a direct
 /// connection.
-result<std::unique_ptr<runtime>> make_runtime(runtime_options options, std::string* detail = nullptr);
+result<std::unique_ptr<runtime>> make_runtime(runtime_options options);
 
 /// The signal port over one libpq session: LISTEN <schema>_wake, <schema>_cancel and
 /// <schema>_callback, and the maintenance lease (<schema>.acquire_leadership: a row with an

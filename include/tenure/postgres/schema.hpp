@@ -3,7 +3,7 @@
 /// Installing and checking tenure's PostgreSQL schema, and granting roles their slice of it.
 ///
 /// All functions open their own short connection, block until done, and never throw. On failure
-/// they return an errc and, when `detail` is given, a one-line human explanation in it.
+/// they return a tenure::error: its code, and a one-line explanation (with the fix) as its detail.
 #include <string>
 #include <string_view>
 
@@ -28,25 +28,22 @@ bool valid_schema_name(std::string_view schema) noexcept;
 /// install and an upgrade alike, a schema that another role than the one running migrate
 /// controls (check_schema_control()).
 /// Returns the version before the call (0 = was not installed).
-result<int> migrate(std::string_view dsn, std::string_view schema = "tenure",
-                    std::string* detail = nullptr);
+result<int> migrate(std::string_view dsn, std::string_view schema = "tenure");
 
 /// Whether only the connecting role (current_user, the role that runs migrate) controls `schema`:
 /// tenure's SECURITY DEFINER functions run with their owner's rights, so a role that could replace
 /// them or what they call could act with those rights. errc::invalid_argument, with the reason
-/// and the fix in `detail`, when the schema is owned by another role (a group role current_user
+/// and the fix as its detail, when the schema is owned by another role (a group role current_user
 /// is a member of included); when a role other than superusers and members of the schema's owner
 /// holds CREATE on it (directly, through a group, or through PUBLIC); when a table, sequence,
 /// view, index, function or type in it is owned by another role; or when a role other than its
 /// owner holds TRIGGER on a table in it. Members of current_user are not counted: they can act
 /// as it anyway. A schema that does not exist passes. migrate() runs this check before changing
 /// anything; a health check can run it on its own.
-result<void> check_schema_control(std::string_view dsn, std::string_view schema = "tenure",
-                                  std::string* detail = nullptr);
+result<void> check_schema_control(std::string_view dsn, std::string_view schema = "tenure");
 
 /// The installed version (0 when the schema is not installed).
-result<int> installed_schema_version(std::string_view dsn, std::string_view schema = "tenure",
-                                     std::string* detail = nullptr);
+result<int> installed_schema_version(std::string_view dsn, std::string_view schema = "tenure");
 
 /// Roles tenure knows how to grant.
 enum class grant_kind {
@@ -66,6 +63,6 @@ std::string ungrantable_role_reason(std::string_view role);
 /// Grants an existing role its slice. errc::invalid_argument for an unknown role, and, before
 /// connecting, for a name ungrantable_role_reason() refuses.
 result<void> grant(std::string_view dsn, grant_kind kind, std::string_view role,
-                   std::string_view schema = "tenure", std::string* detail = nullptr);
+                   std::string_view schema = "tenure");
 
 }  // namespace tenure::postgres

@@ -56,7 +56,7 @@ class store final : public storage_port {
   /// Opens the pool (every connection at once) and checks that the schema is installed at the
   /// version this binary knows (errc::schema_mismatch otherwise). With pool_mode::detect, the
   /// first connection decides the mode (see pool_mode).
-  static result<std::unique_ptr<store>> open(store_options options, std::string* detail = nullptr);
+  static result<std::unique_ptr<store>> open(store_options options);
   ~store() override;
 
   result<std::int64_t> enqueue(const new_job& job) override;

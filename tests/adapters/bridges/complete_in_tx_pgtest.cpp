@@ -134,9 +134,8 @@ class complete_in_tx : public ::testing::TestWithParam<bridge> {
  protected:
   void SetUp() override {
     check_.exec("CREATE TABLE " + s("orders") + " (id serial PRIMARY KEY, job_id bigint, run_lease bigint)");
-    std::string why;
-    auto st = tenure::postgres::store::open({.dsn = schema_.dsn(), .schema = schema_.name()}, &why);
-    ASSERT_TRUE(st) << why;
+    auto st = tenure::postgres::store::open({.dsn = schema_.dsn(), .schema = schema_.name()});
+    ASSERT_TRUE(st) << st.error().message();
     store_ = std::move(st).value();
     opts_.schema = schema_.name();
   }
@@ -330,12 +329,10 @@ TEST_P(complete_in_tx, cancel_waiting_on_the_open_transaction_loses_once_the_cal
   std::atomic<bool> answered{false};
   std::optional<result<bool>> cancel_result;
   const std::string app = "canceller_" + schema_.name();
-  std::string why;
   auto other = tenure::postgres::store::open(
       {.dsn = schema_.dsn(), .schema = schema_.name(), .pool_size = 1, .application_name = app,
-       .lock_timeout = std::chrono::milliseconds{0}},
-      &why);
-  ASSERT_TRUE(other) << why;
+       .lock_timeout = std::chrono::milliseconds{0}});
+  ASSERT_TRUE(other) << other.error().message();
   std::thread canceller([&] {
     cancel_result = other.value()->cancel_job(c.attempt.job_id);
     answered = true;
@@ -467,9 +464,8 @@ TEST(complete_in_tx_guard, libpq_refuses_a_connection_outside_begin) {
 
 TEST(complete_in_tx_guard, pqxx_refuses_a_nontransaction) {
   scoped_schema schema{"cit"};
-  std::string why;
-  auto st = tenure::postgres::store::open({.dsn = schema.dsn(), .schema = schema.name()}, &why);
-  ASSERT_TRUE(st) << why;
+  auto st = tenure::postgres::store::open({.dsn = schema.dsn(), .schema = schema.name()});
+  ASSERT_TRUE(st) << st.error().message();
   ASSERT_TRUE(st.value()->enqueue({.kind = "charge", .queue = "q"}));
   auto claimed = st.value()->claim("q", 1, "test");
   ASSERT_TRUE(claimed && claimed.value().size() == 1);

@@ -25,9 +25,8 @@ namespace {
 class pooler : public ::testing::Test {
  protected:
   std::unique_ptr<store> open_store(const std::string& dsn, int pool_size = 2) {
-    std::string why;
-    auto s = store::open({.dsn = dsn, .schema = schema_.name(), .pool_size = pool_size}, &why);
-    EXPECT_TRUE(s) << why;
+    auto s = store::open({.dsn = dsn, .schema = schema_.name(), .pool_size = pool_size});
+    EXPECT_TRUE(s) << s.error().message();
     return s ? std::move(s).value() : nullptr;
   }
   long count(const std::string& sql, const std::vector<tenure::test::cell>& params = {}) {
@@ -47,10 +46,9 @@ TEST_F(pooler, several_store_clients_enqueue_claim_and_complete_repeatedly_throu
   std::vector<std::thread> clients;
   for (int t = 0; t < k_clients; ++t) {
     clients.emplace_back([&, t] {
-      std::string why;
-      auto opened = store::open({.dsn = pooled_, .schema = schema_.name(), .pool_size = 2}, &why);
+      auto opened = store::open({.dsn = pooled_, .schema = schema_.name(), .pool_size = 2});
       if (!opened) {
-        errors[t] = "open: " + why;
+        errors[t] = "open: " + opened.error().message();
         ++failures;
         return;
       }
@@ -99,10 +97,9 @@ TEST_F(pooler, a_store_detects_a_pooler_by_its_backend_key_and_keeps_named_state
 }
 
 TEST_F(pooler, lock_timeout_bounds_a_wait_through_transaction_pooling_and_stays_off_the_pooled_sessions) {
-  std::string why;
   auto opened = store::open(
-      {.dsn = pooled_, .schema = schema_.name(), .pool_size = 2, .lock_timeout = 300ms}, &why);
-  ASSERT_TRUE(opened) << why;
+      {.dsn = pooled_, .schema = schema_.name(), .pool_size = 2, .lock_timeout = 300ms});
+  ASSERT_TRUE(opened) << opened.error().message();
   auto& st = *opened.value();
   ASSERT_TRUE(st.enqueue({.kind = "warm"}));
 
@@ -153,10 +150,9 @@ TEST_F(pooler, producers_enqueue_in_their_own_transactions_concurrently_through_
   // ... and two through the store (single and batch enqueue).
   for (int t = 2; t < 4; ++t) {
     producers.emplace_back([&, t] {
-      std::string why;
-      auto opened = store::open({.dsn = pooled_, .schema = schema_.name(), .pool_size = 1}, &why);
+      auto opened = store::open({.dsn = pooled_, .schema = schema_.name(), .pool_size = 1});
       if (!opened) {
-        errors[t] = why;
+        errors[t] = opened.error().message();
         return;
       }
       for (int i = 0; i < k_rounds / 2; ++i) {
@@ -184,12 +180,10 @@ TEST_F(pooler, producers_enqueue_in_their_own_transactions_concurrently_through_
 TEST_F(pooler, the_runtime_refuses_transaction_pooling_at_start_naming_the_cause_and_the_fix_and_leaves_no_lock) {
   const std::string app = "tenure_refused_" + tenure::test::random_suffix();
   ASSERT_TRUE(direct_.exec("SELECT " + s("enqueue") + "('k')").ok);
-  std::string why;
   const auto t0 = std::chrono::steady_clock::now();
   auto rt = tenure::postgres::make_runtime(
       {.dsn = pooled_, .schema = schema_.name(), .application_name = app,
-       .runtime = {.maintenance_interval = 50ms}},
-      &why);
+       .runtime = {.maintenance_interval = 50ms}});
   const auto took = std::chrono::steady_clock::now() - t0;
   EXPECT_FALSE(rt) << "the runtime must not run without a session of its own";
   if (rt) {
@@ -204,7 +198,7 @@ TEST_F(pooler, the_runtime_refuses_transaction_pooling_at_start_naming_the_cause
     EXPECT_EQ(rt.error(), errc::invalid_argument);
     for (const char* part : {"session of its own", "LISTEN/NOTIFY", "transaction", "pgbouncer",
                              "Connect the runtime directly", "session-mode pool"}) {
-      EXPECT_NE(why.find(part), std::string::npos) << "missing '" << part << "' in: " << why;
+      EXPECT_NE(rt.error().message().find(part), std::string::npos) << "missing '" << part << "' in: " << rt.error().message();
     }
     EXPECT_LT(took, 15s);
   }
@@ -219,11 +213,9 @@ TEST_F(pooler, the_runtime_refuses_transaction_pooling_at_start_naming_the_cause
 }
 
 TEST_F(pooler, the_runtime_runs_through_a_session_mode_pool) {
-  std::string why;
   auto rt = tenure::postgres::make_runtime(
-      {.dsn = tenure::test::session_pooler_dsn(), .schema = schema_.name()},
-      &why);
-  ASSERT_TRUE(rt) << why;
+      {.dsn = tenure::test::session_pooler_dsn(), .schema = schema_.name()});
+  ASSERT_TRUE(rt) << rt.error().message();
   std::atomic<int> ran{0};
   rt.value()->handle("k", [&](tenure::job_context&) {
     ++ran;

@@ -32,9 +32,8 @@ class postgres_backend final : public tenure::contract::backend {
 
  private:
   std::unique_ptr<tenure::postgres::store> open() {
-    std::string why;
-    auto s = tenure::postgres::store::open({.dsn = schema_.dsn(), .schema = schema_.name(), .pool_size = 2}, &why);
-    if (!s) throw std::runtime_error("cannot open the store: " + why);
+    auto s = tenure::postgres::store::open({.dsn = schema_.dsn(), .schema = schema_.name(), .pool_size = 2});
+    if (!s) throw std::runtime_error("cannot open the store: " + s.error().message());
     return std::move(s).value();
   }
 

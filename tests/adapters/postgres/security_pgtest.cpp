@@ -29,9 +29,8 @@ class security : public ::testing::Test {
   }
   std::string s(const std::string& name) const { return schema_.name() + "." + name; }
   void grant(tenure::postgres::grant_kind kind) {
-    std::string why;
-    auto g = tenure::postgres::grant(schema_.dsn(), kind, role_, schema_.name(), &why);
-    ASSERT_TRUE(g) << why;
+    auto g = tenure::postgres::grant(schema_.dsn(), kind, role_, schema_.name());
+    ASSERT_TRUE(g) << g.error().message();
   }
   std::string claim_token() {
     admin_.exec("SELECT " + s("enqueue") + "('k')");
@@ -245,12 +244,12 @@ TEST_F(security, callback_role_can_resolve_callbacks_but_nothing_else) {
 }
 
 TEST_F(security, grant_to_an_unknown_role_is_a_clear_error) {
-  std::string why;
   auto g = tenure::postgres::grant(schema_.dsn(), tenure::postgres::grant_kind::finalizer,
-                                   "no_such_role_" + tenure::test::random_suffix(), schema_.name(), &why);
+                                   "no_such_role_" + tenure::test::random_suffix(), schema_.name());
   ASSERT_FALSE(g);
   EXPECT_EQ(g.error(), tenure::errc::invalid_argument);
-  EXPECT_NE(why.find("does not exist"), std::string::npos) << why;
+  EXPECT_NE(g.error().detail().find("does not exist"), std::string::npos) << g.error().message();
+  EXPECT_EQ(g.error().sqlstate(), "42704") << "the server's SQLSTATE travels with the error";
 }
 
 }  // namespace

@@ -52,9 +52,8 @@ class sql_contract : public ::testing::Test {
 const std::regex k_token_v2{"tn2:[1-9][0-9]*:[1-9][0-9]*:[0-9a-f]{32}"};
 
 TEST_F(sql_contract, migrate_twice_is_a_noop) {
-  std::string why;
-  auto again = tenure::postgres::migrate(schema_.dsn(), schema_.name(), &why);
-  ASSERT_TRUE(again) << why;
+  auto again = tenure::postgres::migrate(schema_.dsn(), schema_.name());
+  ASSERT_TRUE(again) << again.error().message();
   EXPECT_EQ(again.value(), tenure::postgres::known_schema_version());
   EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("schema_version")),
             std::to_string(tenure::postgres::known_schema_version()));
@@ -62,12 +61,11 @@ TEST_F(sql_contract, migrate_twice_is_a_noop) {
 
 TEST_F(sql_contract, newer_schema_version_is_refused_with_a_clear_error) {
   db_.exec("INSERT INTO " + s("schema_version") + " (version, name) VALUES (99, 'from_the_future')");
-  std::string why;
-  auto m = tenure::postgres::migrate(schema_.dsn(), schema_.name(), &why);
+  auto m = tenure::postgres::migrate(schema_.dsn(), schema_.name());
   ASSERT_FALSE(m);
   EXPECT_EQ(m.error(), tenure::errc::schema_mismatch);
-  EXPECT_NE(why.find("version 99"), std::string::npos) << why;
-  auto st = tenure::postgres::store::open({.dsn = schema_.dsn(), .schema = schema_.name()}, &why);
+  EXPECT_NE(m.error().message().find("version 99"), std::string::npos) << m.error().message();
+  auto st = tenure::postgres::store::open({.dsn = schema_.dsn(), .schema = schema_.name()});
   ASSERT_FALSE(st);
   EXPECT_EQ(st.error(), tenure::errc::schema_mismatch);
 }
@@ -396,26 +394,28 @@ TEST(sqlstate_mapping, transient_and_unavailable_states_are_never_reported_as_pe
 }
 
 TEST_F(sql_contract, a_statement_cancelled_by_statement_timeout_is_a_transient_conflict) {
-  std::string why;
-  auto c = tenure::postgres::detail::connection::open(schema_.dsn(), &why);
-  ASSERT_TRUE(c) << why;
+  auto c = tenure::postgres::detail::connection::open(schema_.dsn());
+  ASSERT_TRUE(c) << c.error().message();
   ASSERT_TRUE(c.value()->exec_script("SET statement_timeout = 50", tenure::postgres::detail::effect::read));
-  auto r = c.value()->exec_script("SELECT pg_sleep(5)", tenure::postgres::detail::effect::read, &why);
+  auto r = c.value()->exec_script("SELECT pg_sleep(5)", tenure::postgres::detail::effect::read);
   ASSERT_FALSE(r);
-  EXPECT_EQ(r.error(), tenure::errc::transient_conflict) << why;
+  EXPECT_EQ(r.error(), tenure::errc::transient_conflict) << r.error().message();
+  EXPECT_EQ(r.error().sqlstate(), "57014");
+  EXPECT_NE(r.error().detail().find("statement timeout"), std::string::npos) << r.error().message();
   EXPECT_TRUE(c.value()->ok()) << "the session survives a cancelled statement";
 }
 
 TEST_F(sql_contract, a_write_refused_by_a_read_only_server_is_unavailable_never_in_doubt) {
   // A standby right after a failover answers every write with 25006 on a live session: the
   // statement certainly failed, so "it may or may not have been applied" would be wrong.
-  std::string why;
-  auto c = tenure::postgres::detail::connection::open(schema_.dsn(), &why);
-  ASSERT_TRUE(c) << why;
+  auto c = tenure::postgres::detail::connection::open(schema_.dsn());
+  ASSERT_TRUE(c) << c.error().message();
   ASSERT_TRUE(c.value()->exec_script("SET default_transaction_read_only = on", tenure::postgres::detail::effect::read));
-  auto r = c.value()->exec_script("SELECT " + s("enqueue") + "('k')", tenure::postgres::detail::effect::write, &why);
+  auto r = c.value()->exec_script("SELECT " + s("enqueue") + "('k')", tenure::postgres::detail::effect::write);
   ASSERT_FALSE(r);
-  EXPECT_EQ(r.error(), tenure::errc::database_unavailable) << why;
+  EXPECT_EQ(r.error(), tenure::errc::database_unavailable) << r.error().message();
+  EXPECT_EQ(r.error().sqlstate(), "25006");
+  EXPECT_NE(r.error().detail().find("read-only transaction"), std::string::npos) << r.error().message();
   EXPECT_TRUE(c.value()->ok());
   EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("jobs")), "0");
 }

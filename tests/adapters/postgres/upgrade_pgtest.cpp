@@ -35,9 +35,8 @@ void upgrade_keeps_open_attempts_and_their_guards(int from) {
   const std::string role = schema + "_worker";
   const cleanup drop{dsn, schema, role};
   pg db{dsn};
-  std::string why;
-  auto older = tenure::postgres::detail::migrate_up_to(dsn, schema, from, &why);
-  ASSERT_TRUE(older) << why;
+  auto older = tenure::postgres::detail::migrate_up_to(dsn, schema, from);
+  ASSERT_TRUE(older) << older.error().message();
   ASSERT_EQ(db.scalar("SELECT max(version) FROM " + schema + ".schema_version"), std::to_string(from));
 
   for (int i = 0; i < 3; ++i) db.exec("SELECT " + schema + ".enqueue('k', '{}', 'q')");
@@ -47,8 +46,8 @@ void upgrade_keeps_open_attempts_and_their_guards(int from) {
   db.exec("GRANT USAGE ON SCHEMA " + schema + " TO " + role);
   db.exec("GRANT EXECUTE ON FUNCTION " + schema + ".claim_attempts(text, int, text, text) TO " + role);
 
-  auto upgraded = tenure::postgres::migrate(dsn, schema, &why);
-  EXPECT_TRUE(upgraded) << why;
+  auto upgraded = tenure::postgres::migrate(dsn, schema);
+  EXPECT_TRUE(upgraded) << upgraded.error().message();
   EXPECT_EQ(db.scalar("SELECT max(version) FROM " + schema + ".schema_version"),
             std::to_string(tenure::postgres::known_schema_version()));
 
@@ -114,12 +113,11 @@ struct app_schema {
 
 TEST(schema_install, a_schema_holding_the_applications_objects_is_refused_and_their_grants_are_left_alone) {
   app_schema app{tenure::test::test_dsn(), "app_" + tenure::test::random_suffix()};
-  std::string why;
-  auto m = tenure::postgres::migrate(app.dsn, app.name, &why);
+  auto m = tenure::postgres::migrate(app.dsn, app.name);
   ASSERT_FALSE(m);
   EXPECT_EQ(m.error(), tenure::errc::invalid_argument);
-  EXPECT_NE(why.find("already exists and holds 2 object(s) tenure did not create"), std::string::npos) << why;
-  EXPECT_NE(why.find("choose another schema name"), std::string::npos) << why;
+  EXPECT_NE(m.error().message().find("already exists and holds 2 object(s) tenure did not create"), std::string::npos) << m.error().message();
+  EXPECT_NE(m.error().message().find("choose another schema name"), std::string::npos) << m.error().message();
   // Nothing of tenure's was created, and PUBLIC keeps what it had on the application's objects.
   EXPECT_EQ(app.db.scalar("SELECT to_regclass('" + app.name + ".schema_version') IS NULL"), "t");
   EXPECT_TRUE(app.public_may("has_function_privilege('public', '" + app.name + ".order_count()', 'EXECUTE')"));
@@ -132,13 +130,12 @@ TEST(schema_install, an_existing_empty_schema_created_for_tenure_is_installed_in
   const cleanup drop{dsn, schema, schema + "_role"};
   pg db{dsn};
   db.exec("CREATE SCHEMA " + schema);  // as a DBA would, to choose its owner
-  std::string why;
-  auto first = tenure::postgres::detail::migrate_up_to(dsn, schema, 1, &why);
-  ASSERT_TRUE(first) << why;
+  auto first = tenure::postgres::detail::migrate_up_to(dsn, schema, 1);
+  ASSERT_TRUE(first) << first.error().message();
   EXPECT_EQ(first.value(), 0);
   // Now it holds tenure's own objects: an upgrade is not a fresh install and goes ahead.
-  auto upgraded = tenure::postgres::migrate(dsn, schema, &why);
-  ASSERT_TRUE(upgraded) << why;
+  auto upgraded = tenure::postgres::migrate(dsn, schema);
+  ASSERT_TRUE(upgraded) << upgraded.error().message();
   EXPECT_EQ(upgraded.value(), 1);
   EXPECT_EQ(db.scalar("SELECT max(version) FROM " + schema + ".schema_version"),
             std::to_string(tenure::postgres::known_schema_version()));
@@ -159,19 +156,18 @@ TEST(schema_install, public_and_names_reserved_by_postgresql_are_refused) {
   pg db{own};
   ASSERT_EQ(db.scalar("SELECT has_schema_privilege('public', 'public', 'USAGE')"), "t");
 
-  std::string why;
-  auto into_public = tenure::postgres::migrate(own, "public", &why);
+  auto into_public = tenure::postgres::migrate(own, "public");
   ASSERT_FALSE(into_public);
   EXPECT_EQ(into_public.error(), tenure::errc::invalid_argument);
-  EXPECT_NE(why.find("PostgreSQL's default schema, which every role uses"), std::string::npos) << why;
+  EXPECT_NE(into_public.error().message().find("PostgreSQL's default schema, which every role uses"), std::string::npos) << into_public.error().message();
   EXPECT_EQ(db.scalar("SELECT has_schema_privilege('public', 'public', 'USAGE')"), "t");
   EXPECT_EQ(db.scalar("SELECT to_regclass('public.schema_version') IS NULL"), "t");
 
   for (const std::string reserved : {"pg_catalog", "pg_tenure"}) {
-    auto m = tenure::postgres::migrate(own, reserved, &why);
+    auto m = tenure::postgres::migrate(own, reserved);
     ASSERT_FALSE(m) << reserved;
     EXPECT_EQ(m.error(), tenure::errc::invalid_argument);
-    EXPECT_NE(why.find("reserved for PostgreSQL"), std::string::npos) << why;
+    EXPECT_NE(m.error().message().find("reserved for PostgreSQL"), std::string::npos) << m.error().message();
   }
   EXPECT_EQ(db.scalar("SELECT count(*) FROM pg_namespace WHERE nspname = 'pg_tenure'"), "0");
 }
@@ -213,17 +209,16 @@ void replace_check_job_and_wait_for_an_enqueue(other_role& attacker) {
 TEST(schema_control, a_schema_owned_by_another_role_is_refused_so_its_owner_cannot_become_superuser) {
   other_role attacker{tenure::test::test_dsn(), "sch_owner"};
   attacker.admin.exec("CREATE SCHEMA " + attacker.schema + " AUTHORIZATION " + attacker.name);
-  std::string why;
-  auto m = tenure::postgres::migrate(attacker.dsn, attacker.schema, &why);
+  auto m = tenure::postgres::migrate(attacker.dsn, attacker.schema);
   EXPECT_FALSE(m);
   if (!m) {
     EXPECT_EQ(m.error(), tenure::errc::invalid_argument);
   }
-  EXPECT_NE(why.find("schema '" + attacker.schema + "' is owned by role '" + attacker.name + "', not by '"),
+  EXPECT_NE(m.error().message().find("schema '" + attacker.schema + "' is owned by role '" + attacker.name + "', not by '"),
             std::string::npos)
-      << why;
-  EXPECT_NE(why.find("a schema's owner may drop and replace any of them"), std::string::npos) << why;
-  EXPECT_NE(why.find("ALTER SCHEMA " + attacker.schema + " OWNER TO"), std::string::npos) << why;
+      << m.error().message();
+  EXPECT_NE(m.error().message().find("a schema's owner may drop and replace any of them"), std::string::npos) << m.error().message();
+  EXPECT_NE(m.error().message().find("ALTER SCHEMA " + attacker.schema + " OWNER TO"), std::string::npos) << m.error().message();
   EXPECT_EQ(attacker.admin.scalar("SELECT to_regclass('" + attacker.schema + ".schema_version') IS NULL"), "t");
 
   replace_check_job_and_wait_for_an_enqueue(attacker);
@@ -232,8 +227,8 @@ TEST(schema_control, a_schema_owned_by_another_role_is_refused_so_its_owner_cann
   // The fix the message names makes the schema installable (once the attacker's function is gone).
   attacker.admin.exec("DROP FUNCTION IF EXISTS " + attacker.schema + ".check_job(text, text, int, int, text)");
   attacker.admin.exec("ALTER SCHEMA " + attacker.schema + " OWNER TO current_user");
-  auto fixed = tenure::postgres::migrate(attacker.dsn, attacker.schema, &why);
-  EXPECT_TRUE(fixed) << why;
+  auto fixed = tenure::postgres::migrate(attacker.dsn, attacker.schema);
+  EXPECT_TRUE(fixed) << fixed.error().message();
 }
 
 TEST(schema_control, a_schema_on_which_another_role_or_public_holds_create_is_refused) {
@@ -242,16 +237,15 @@ TEST(schema_control, a_schema_on_which_another_role_or_public_holds_create_is_re
   for (const std::string& grantee : {creator.name, std::string{"PUBLIC"}}) {
     SCOPED_TRACE(grantee);
     creator.admin.exec("GRANT CREATE ON SCHEMA " + creator.schema + " TO " + grantee);
-    std::string why;
-    auto m = tenure::postgres::migrate(creator.dsn, creator.schema, &why);
+    auto m = tenure::postgres::migrate(creator.dsn, creator.schema);
     EXPECT_FALSE(m);
-    EXPECT_NE(why.find(grantee == "PUBLIC" ? "every role (CREATE is granted to PUBLIC)" : "role(s) " + creator.name),
+    EXPECT_NE(m.error().message().find(grantee == "PUBLIC" ? "every role (CREATE is granted to PUBLIC)" : "role(s) " + creator.name),
               std::string::npos)
-        << why;
-    EXPECT_NE(why.find("may create objects in schema '" + creator.schema + "' (CREATE on the schema)"),
+        << m.error().message();
+    EXPECT_NE(m.error().message().find("may create objects in schema '" + creator.schema + "' (CREATE on the schema)"),
               std::string::npos)
-        << why;
-    EXPECT_NE(why.find("REVOKE CREATE ON SCHEMA " + creator.schema), std::string::npos) << why;
+        << m.error().message();
+    EXPECT_NE(m.error().message().find("REVOKE CREATE ON SCHEMA " + creator.schema), std::string::npos) << m.error().message();
     EXPECT_EQ(creator.admin.scalar("SELECT to_regclass('" + creator.schema + ".schema_version') IS NULL"), "t");
     creator.admin.exec("REVOKE CREATE ON SCHEMA " + creator.schema + " FROM " + grantee);
   }
@@ -260,27 +254,27 @@ TEST(schema_control, a_schema_on_which_another_role_or_public_holds_create_is_re
   creator.admin.exec("CREATE ROLE " + group);
   creator.admin.exec("GRANT " + group + " TO " + creator.name);
   creator.admin.exec("GRANT CREATE ON SCHEMA " + creator.schema + " TO " + group);
-  std::string why;
-  EXPECT_FALSE(tenure::postgres::migrate(creator.dsn, creator.schema, &why));
-  EXPECT_NE(why.find(creator.name), std::string::npos) << why;
+  auto refused = tenure::postgres::migrate(creator.dsn, creator.schema);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().detail().find(creator.name), std::string::npos) << refused.error().message();
   creator.admin.exec("REVOKE CREATE ON SCHEMA " + creator.schema + " FROM " + group);
   creator.admin.exec("DROP ROLE " + group);
-  auto m = tenure::postgres::migrate(creator.dsn, creator.schema, &why);
-  EXPECT_TRUE(m) << why;
+  auto m = tenure::postgres::migrate(creator.dsn, creator.schema);
+  EXPECT_TRUE(m) << m.error().message();
 }
 
 TEST(schema_control, an_upgrade_is_refused_once_another_role_may_create_in_the_schema_or_owns_an_object_in_it) {
   ASSERT_GE(tenure::postgres::known_schema_version(), 2);
   const int older = tenure::postgres::known_schema_version() - 1;
   other_role other{tenure::test::test_dsn(), "sch_upg"};
-  std::string why;
-  ASSERT_TRUE(tenure::postgres::detail::migrate_up_to(other.dsn, other.schema, older, &why)) << why;
+  auto installed = tenure::postgres::detail::migrate_up_to(other.dsn, other.schema, older);
+  ASSERT_TRUE(installed) << installed.error().message();
   const auto version = [&] { return other.admin.scalar("SELECT max(version) FROM " + other.schema + ".schema_version"); };
 
   other.admin.exec("GRANT CREATE ON SCHEMA " + other.schema + " TO " + other.name);
-  auto m = tenure::postgres::migrate(other.dsn, other.schema, &why);
+  auto m = tenure::postgres::migrate(other.dsn, other.schema);
   EXPECT_FALSE(m);
-  EXPECT_NE(why.find("may create objects in schema"), std::string::npos) << why;
+  EXPECT_NE(m.error().message().find("may create objects in schema"), std::string::npos) << m.error().message();
   EXPECT_EQ(version(), std::to_string(older));
   EXPECT_FALSE(tenure::postgres::check_schema_control(other.dsn, other.schema)) << "the same check, on its own";
   other.admin.exec("REVOKE CREATE ON SCHEMA " + other.schema + " FROM " + other.name);
@@ -290,23 +284,24 @@ TEST(schema_control, an_upgrade_is_refused_once_another_role_may_create_in_the_s
                                    "TABLE " + other.schema + ".ready"}) {
     SCOPED_TRACE(object);
     other.admin.exec("ALTER " + object + " OWNER TO " + other.name);
-    m = tenure::postgres::migrate(other.dsn, other.schema, &why);
+    m = tenure::postgres::migrate(other.dsn, other.schema);
     EXPECT_FALSE(m);
-    EXPECT_NE(why.find("are owned by other roles"), std::string::npos) << why;
-    EXPECT_NE(why.find("owned by " + other.name), std::string::npos) << why;
+    EXPECT_NE(m.error().message().find("are owned by other roles"), std::string::npos) << m.error().message();
+    EXPECT_NE(m.error().message().find("owned by " + other.name), std::string::npos) << m.error().message();
     EXPECT_EQ(version(), std::to_string(older));
     other.admin.exec("ALTER " + object + " OWNER TO current_user");
   }
 
   other.admin.exec("GRANT TRIGGER ON " + other.schema + ".done TO " + other.name);
-  m = tenure::postgres::migrate(other.dsn, other.schema, &why);
+  m = tenure::postgres::migrate(other.dsn, other.schema);
   EXPECT_FALSE(m);
-  EXPECT_NE(why.find("hold TRIGGER on tenure's tables"), std::string::npos) << why;
+  EXPECT_NE(m.error().message().find("hold TRIGGER on tenure's tables"), std::string::npos) << m.error().message();
   other.admin.exec("REVOKE TRIGGER ON " + other.schema + ".done FROM " + other.name);
 
-  EXPECT_TRUE(tenure::postgres::check_schema_control(other.dsn, other.schema, &why)) << why;
-  m = tenure::postgres::migrate(other.dsn, other.schema, &why);
-  ASSERT_TRUE(m) << why;
+  auto controlled = tenure::postgres::check_schema_control(other.dsn, other.schema);
+  EXPECT_TRUE(controlled) << controlled.error().message();
+  m = tenure::postgres::migrate(other.dsn, other.schema);
+  ASSERT_TRUE(m) << m.error().message();
   EXPECT_EQ(m.value(), older);
   EXPECT_EQ(version(), std::to_string(tenure::postgres::known_schema_version()));
 }
@@ -321,9 +316,8 @@ TEST(schema_control, a_role_that_owns_its_schema_installs_into_it_and_members_of
   const std::string member = owner.name + "_member";
   owner.admin.exec("CREATE ROLE " + member);
   owner.admin.exec("GRANT " + owner.name + " TO " + member);
-  std::string why;
-  auto m = tenure::postgres::migrate(tenure::test::dsn_with_user(owner.dsn, owner.name), owner.schema, &why);
-  EXPECT_TRUE(m) << why;
+  auto m = tenure::postgres::migrate(tenure::test::dsn_with_user(owner.dsn, owner.name), owner.schema);
+  EXPECT_TRUE(m) << m.error().message();
   owner.admin.query("DROP SCHEMA IF EXISTS " + owner.schema + " CASCADE");
   owner.admin.exec("DROP ROLE " + member);
 }
