@@ -307,6 +307,9 @@ result<void> grant(std::string_view dsn, grant_kind kind, std::string_view role,
       functions = {"resume_callback(uuid, jsonb)", "extend_callback(uuid, interval)",
                    "complete_callback(uuid, jsonb)", "fail_callback(uuid, text, boolean)"};
       break;
+    case grant_kind::admin:
+      functions = {"pause_queue(text)", "resume_queue(text)", "configure_queue(text, jsonb)", "list_queues()"};
+      break;
     case grant_kind::worker:
       functions = {"claim(text, int, text)",
                    "claim_attempts(text, int, text, text)",

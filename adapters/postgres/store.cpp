@@ -74,11 +74,15 @@ struct statements {
                             "VALUES ($1, $2::boolean, $3::interval, $4::interval, $5::interval) "
                             "ON CONFLICT (name) DO UPDATE SET dead_letter = excluded.dead_letter, "
                             "hard_deadline = excluded.hard_deadline, backoff_base = excluded.backoff_base, "
-                            "backoff_cap = excluded.backoff_cap"} {}
+                            "backoff_cap = excluded.backoff_cap"},
+        pause_queue{"tenure_pause_queue", "SELECT " + s + ".pause_queue($1)"},
+        resume_queue{"tenure_resume_queue", "SELECT " + s + ".resume_queue($1)"},
+        update_queue{"tenure_update_queue", "SELECT " + s + ".configure_queue($1, $2::jsonb)"} {}
 
   statement enqueue, enqueue_batch, claim, heartbeat, complete, fail, snooze, cancel_attempt, checkpoint, register_callback,
       await_callback, resume_callback, extend_callback, complete_callback, fail_callback, cancel_job,
-      retry_job, read_job, rescue, promote, maintain, evidence, evidence_batch, version, configure_queue;
+      retry_job, read_job, rescue, promote, maintain, evidence, evidence_batch, version, configure_queue,
+      pause_queue, resume_queue, update_queue;
 };
 
 param text(std::string_view s) { return std::string{s}; }
@@ -552,6 +556,31 @@ result<void> store::configure_queue(std::string_view queue, const queue_settings
                          s.hard_deadline ? param{detail::interval_text(*s.hard_deadline)} : std::nullopt,
                          detail::interval_text(s.backoff_base), detail::interval_text(s.backoff_cap)},
                         effect::write));
+  return success();
+}
+
+result<bool> store::pause_queue(std::string_view queue) {
+  TENURE_TRY(auto rows, impl_->run(impl_->st.pause_queue, {text(queue)}, effect::write));
+  return rows.boolean(0, 0);
+}
+
+result<bool> store::resume_queue(std::string_view queue) {
+  TENURE_TRY(auto rows, impl_->run(impl_->st.resume_queue, {text(queue)}, effect::write));
+  return rows.boolean(0, 0);
+}
+
+result<void> store::update_queue(std::string_view queue, const queue_changes& c) {
+  // Durations go as whole microseconds ("1500000us"), which configure_queue reads exactly.
+  auto us = [](std::chrono::microseconds d) { return nlohmann::json(std::to_string(d.count()) + "us"); };
+  nlohmann::json settings = nlohmann::json::object();
+  if (c.dead_letter) settings["dead_letter"] = *c.dead_letter;
+  if (c.hard_deadline) settings["hard_deadline"] = *c.hard_deadline ? us(**c.hard_deadline) : nlohmann::json();
+  if (c.backoff_base) settings["backoff_base"] = us(*c.backoff_base);
+  if (c.backoff_cap) settings["backoff_cap"] = us(*c.backoff_cap);
+  if (c.retain_completed) settings["retain_completed"] = us(*c.retain_completed);
+  if (c.retain_cancelled) settings["retain_cancelled"] = us(*c.retain_cancelled);
+  if (c.retain_failed) settings["retain_failed"] = us(*c.retain_failed);
+  TENURE_TRYV(impl_->run(impl_->st.update_queue, {text(queue), settings.dump()}, effect::write));
   return success();
 }
 

@@ -82,6 +82,19 @@ struct queue_settings {
   std::chrono::microseconds backoff_cap = std::chrono::hours{1};
 };
 
+/// A change to some of a queue's settings, for operators (`update_queue`): a field left unset
+/// keeps its value. Retentions: how long finished jobs of the queue are kept before the
+/// maintenance leader deletes them (defaults: completed 24 h, cancelled 24 h, failed 7 days).
+struct queue_changes {
+  std::optional<bool> dead_letter;
+  std::optional<std::optional<std::chrono::microseconds>> hard_deadline;  ///< inner nullopt: none
+  std::optional<std::chrono::microseconds> backoff_base;
+  std::optional<std::chrono::microseconds> backoff_cap;
+  std::optional<std::chrono::microseconds> retain_completed;
+  std::optional<std::chrono::microseconds> retain_cancelled;
+  std::optional<std::chrono::microseconds> retain_failed;
+};
+
 /// The port. See the file comment for the rules every method follows.
 class storage_port {
  public:
@@ -218,9 +231,30 @@ class storage_port {
   /// Creates or replaces a queue's settings. errc::invalid_argument for a bad value.
   virtual result<void> configure_queue(std::string_view queue, const queue_settings& settings) = 0;
 
+  // ---- operators (stores without them answer errc::unsupported: the defaults) ----------
+  /// Pauses a queue: once this returns, no claim of it succeeds until `resume_queue` (claims in
+  /// progress are waited for); running attempts go on. true when it was running, false when it
+  /// was already paused.
+  virtual result<bool> pause_queue(std::string_view queue) {
+    (void)queue;
+    return no_operators();
+  }
+  /// Resumes a paused queue and wakes its sleeping workers. true when it was paused.
+  virtual result<bool> resume_queue(std::string_view queue) {
+    (void)queue;
+    return no_operators();
+  }
+  /// Changes the settings `changes` names, all or nothing. errc::invalid_argument for a bad value
+  /// (e.g. a backoff cap below the base, a negative duration).
+  virtual result<void> update_queue(std::string_view queue, const queue_changes& changes) {
+    (void)queue, (void)changes;
+    return no_operators();
+  }
  protected:
   /// What the callback defaults answer.
   static error no_callbacks() { return error{errc::unsupported, "this store has no external callbacks"}; }
+  /// What the operator defaults answer.
+  static error no_operators() { return error{errc::unsupported, "this store has no queue administration"}; }
 };
 
 }  // namespace tenure

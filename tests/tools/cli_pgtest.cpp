@@ -241,17 +241,17 @@ class cli_pg : public testing::Test {
 TEST_F(cli_pg, migrate_then_migrate_again_is_a_no_op) {
   auto first = tenure({"migrate"});
   expect_success(first);
-  EXPECT_EQ(first.out, "schema " + schema_ + ": migrated from version 0 to 7\n");
+  EXPECT_EQ(first.out, "schema " + schema_ + ": migrated from version 0 to 8\n");
 
   auto second = tenure({"migrate"});
   expect_success(second);  // in particular no server NOTICE leaking onto stderr
-  EXPECT_EQ(second.out, "schema " + schema_ + ": already at version 7\n");
+  EXPECT_EQ(second.out, "schema " + schema_ + ": already at version 8\n");
 }
 
 TEST_F(cli_pg, environment_supplies_database_and_schema) {
   auto r = run_tenure({"migrate"}, {{"DATABASE_URL", dsn_}, {"TENURE_SCHEMA", schema_}});
   expect_success(r);
-  EXPECT_EQ(r.out, "schema " + schema_ + ": migrated from version 0 to 7\n");
+  EXPECT_EQ(r.out, "schema " + schema_ + ": migrated from version 0 to 8\n");
 }
 
 // ---- enqueue and job show --------------------------------------------------------------------
@@ -422,7 +422,7 @@ TEST_F(cli_pg, refusals_name_the_field_and_the_allowed_range_in_words) {
       {{"bench", "--jobs", "0"}, "--jobs: '0' is out of range: must be a whole number from 1 to 100000000"},
       {{"bench", "--producers", "300"}, "--producers: '300' is out of range: must be a whole number from 1 to 256"},
       {{"bench", "--pickup-samples", "0"}, "--pickup-samples: '0' is out of range"},
-      {{"bench", "--mode", "fast"}, "--mode: 'fast' is not a mode: must be runtime, sql-limit, enqueue-single or"},
+      {{"bench", "--mode", "fast"}, "--mode: 'fast' is not a mode: must be runtime, sql-limit, enqueue-single, caller-owned or prune"},
   };
   for (auto [args, message] : cases) {
     args.insert(args.begin(), {"--database-url", dsn_});
@@ -482,6 +482,236 @@ TEST_F(cli_pg, rescue_reports_what_it_rescued) {
   EXPECT_EQ(show(id)["state"], "available");
 }
 
+// ---- queues and maintenance --------------------------------------------------------------------
+
+TEST_F(cli_pg, queue_pause_and_resume_say_whether_the_state_changed_and_a_paused_queue_is_not_claimed) {
+  migrate();
+  const auto id = enqueue({"a", "--queue", "mail"});
+  auto paused = tenure({"queue", "pause", "mail"});
+  expect_success(paused);
+  EXPECT_EQ(paused.out, "queue mail paused: no worker claims its jobs until it is resumed\n");
+  auto again = tenure({"queue", "pause", "mail"});
+  expect_success(again);
+  EXPECT_EQ(again.out, "queue mail was already paused\n");
+  EXPECT_EQ(db_->exec("SELECT count(*) FROM " + schema_ + ".claim('mail', 10)"), "0");
+  auto resumed = tenure({"queue", "resume", "mail"});
+  expect_success(resumed);
+  EXPECT_EQ(resumed.out, "queue mail resumed\n");
+  EXPECT_EQ(tenure({"queue", "resume", "mail"}).out, "queue mail was not paused\n");
+  EXPECT_EQ(db_->exec("SELECT job_id FROM " + schema_ + ".claim('mail', 10)"), std::to_string(id));
+}
+
+TEST_F(cli_pg, queue_list_prints_paused_settings_counts_and_the_oldest_available_age) {
+  migrate();
+  enqueue({"a", "--queue", "mail"});
+  enqueue({"a", "--queue", "mail"});
+  enqueue({"a", "--queue", "sms"});
+  db_->exec("SELECT * FROM " + schema_ + ".claim('sms', 1)");
+  expect_success(tenure({"queue", "pause", "mail"}));
+  expect_success(tenure({"queue", "configure", "sms", "--retain-completed", "2h", "--dead-letter", "on"}));
+
+  auto text = tenure({"queue", "list"});
+  expect_success(text);
+  EXPECT_TRUE(std::regex_match(
+      text.out,
+      std::regex{"queue mail  PAUSED\n"
+                 "  jobs      scheduled 0, available 2, running 0, waiting_external 0, retryable 0, completed 0, "
+                 "failed 0, cancelled 0\n"
+                 "  oldest available job  [0-9]+\\.[0-9]s\n"
+                 "  settings  dead_letter off, hard_deadline none, backoff_base 1s, backoff_cap 1h, "
+                 "retain_completed 1d, retain_cancelled 1d, retain_failed 7d\n"
+                 "queue sms  running\n"
+                 "  jobs      scheduled 0, available 0, running 1, waiting_external 0, retryable 0, completed 0, "
+                 "failed 0, cancelled 0\n"
+                 "  oldest available job  -\n"
+                 "  settings  dead_letter on, hard_deadline none, backoff_base 1s, backoff_cap 1h, "
+                 "retain_completed 2h, retain_cancelled 1d, retain_failed 7d\n"}))
+      << text;
+
+  auto json = tenure({"queue", "list", "--json"});
+  expect_success(json);
+  const auto j = nlohmann::json::parse(json.out);
+  ASSERT_EQ(j["queues"].size(), 2u);
+  EXPECT_EQ(j["queues"][0]["name"], "mail");
+  EXPECT_EQ(j["queues"][0]["paused"], true);
+  EXPECT_EQ(j["queues"][0]["counts"]["available"], 2);
+  EXPECT_TRUE(j["queues"][0]["oldest_available_seconds"].is_number());
+  EXPECT_EQ(j["queues"][1]["settings"]["retain_completed"], "2h");
+  EXPECT_EQ(j["queues"][1]["settings"]["dead_letter"], true);
+  EXPECT_TRUE(j["queues"][1]["oldest_available_seconds"].is_null());
+}
+
+TEST_F(cli_pg, queue_names_are_user_data_and_are_printed_escaped) {
+  migrate();
+  // enqueue refuses control characters; bidi overrides and backslashes get through, and a row
+  // written by hand (or by a future version) may hold a C1 control such as an 8-bit CSI.
+  const std::string csi = "\xC2\x9B" "31m";  // U+009B, a CSI on some terminals
+  const std::string rlo = "\xE2\x80\xAE";    // U+202E RIGHT-TO-LEFT OVERRIDE
+  const std::string name = "q" + rlo + "\\x";
+  db_->exec("SELECT " + schema_ + ".enqueue('k', '{}', E'q\\xE2\\x80\\xAE\\\\x')");
+  db_->exec("INSERT INTO " + schema_ + ".queues (name) VALUES (E'r\\xC2\\x9B31m')");
+  auto text = tenure({"queue", "list"});
+  expect_success(text);
+  EXPECT_NE(text.out.find("queue q\\u{202E}\\\\x  running\n"), std::string::npos) << text;
+  EXPECT_NE(text.out.find("queue r\\u{009B}31m  running\n"), std::string::npos) << text;
+  EXPECT_EQ(text.out.find(csi), std::string::npos) << text;
+  EXPECT_EQ(text.out.find(rlo), std::string::npos) << text;
+  auto paused = tenure({"queue", "pause", name});
+  expect_success(paused);
+  EXPECT_EQ(paused.out, "queue q\\u{202E}\\\\x paused: no worker claims its jobs until it is resumed\n");
+  auto json = tenure({"queue", "list", "--json"});
+  expect_success(json);
+  EXPECT_EQ(nlohmann::json::parse(json.out)["queues"][0]["name"], name) << "JSON carries the exact name, escaped by JSON";
+  EXPECT_EQ(nlohmann::json::parse(json.out)["queues"][1]["name"], "r" + csi);
+}
+
+TEST_F(cli_pg, queue_configure_changes_only_what_is_given_and_refuses_bad_values_with_exit_2) {
+  migrate();
+  auto r = tenure({"queue", "configure", "mail", "--retain-failed", "30d", "--backoff-base", "250ms",
+                   "--hard-deadline", "15m"});
+  expect_success(r);
+  EXPECT_EQ(r.out, "queue mail configured\n"
+                   "  settings  dead_letter off, hard_deadline 15m, backoff_base 250ms, backoff_cap 1h, "
+                   "retain_completed 1d, retain_cancelled 1d, retain_failed 30d\n");
+  const std::string before = *db_->exec("SELECT row_to_json(q)::text FROM " + schema_ + ".queues q WHERE name = 'mail'");
+  expect_one_error_line(tenure({"queue", "configure", "mail", "--retain-failed", "7 days"}), 2,
+                        "--retain-failed: '7 days' is not a duration");
+  expect_one_error_line(tenure({"queue", "configure", "mail", "--retain-completed", "-1s"}), 2, "--retain-completed");
+  expect_one_error_line(tenure({"queue", "configure", "mail", "--dead-letter", "yes"}), 2, "'yes' must be on or off");
+  expect_one_error_line(tenure({"queue", "configure", "mail", "--hard-deadline", "0s"}), 2, "must be positive");
+  expect_one_error_line(tenure({"queue", "configure", "mail"}), 2, "nothing to change");
+  expect_one_error_line(tenure({"queue", "configure", "mail", "--backoff-cap", "100ms"}), 2,
+                        "cannot configure queue mail: tenure.configure_queue: backoff_cap (100ms) must not be less "
+                        "than backoff_base (250ms)");
+  EXPECT_EQ(*db_->exec("SELECT row_to_json(q)::text FROM " + schema_ + ".queues q WHERE name = 'mail'"), before)
+      << "nothing changed";
+  expect_success(tenure({"queue", "configure", "mail", "--hard-deadline", "none", "--retain-completed", "0s"}));
+  EXPECT_EQ(db_->exec("SELECT hard_deadline IS NULL AND retain_completed = '0' FROM " + schema_ +
+                      ".queues WHERE name = 'mail'"),
+            "t");
+}
+
+TEST_F(cli_pg, maintain_once_rescues_a_stale_attempt_as_leader_and_releases_the_lease) {
+  migrate();
+  const auto id = enqueue({"a"});
+  db_->exec("SELECT * FROM " + schema_ + ".claim('default', 1, 'gone-worker')");
+  auto r = tenure({"maintain", "--once", "--stale-after", "0"});
+  expect_success(r);
+  EXPECT_TRUE(std::regex_match(r.out, std::regex{"maintenance leader tenure-maintain:[^ ]+:[0-9]+, term 1\n"
+                                                 "maintenance pass done: due jobs promoted, expired finished jobs "
+                                                 "pruned, rescued 1 stale attempt:\n"
+                                                 "  job " + std::to_string(id) +
+                                                 " \\(queue default, run lease 1\\) -> available\n"}))
+      << r;
+  EXPECT_EQ(show(id)["state"], "available");
+  EXPECT_EQ(db_->exec("SELECT expires_at <= clock_timestamp() FROM " + schema_ + ".leadership"), "t")
+      << "the lease is released: a runtime leads again at once";
+  // Without options it is one pass too.
+  auto plain = tenure({"maintain"});
+  expect_success(plain);
+  EXPECT_NE(plain.out.find(", term 2\n"), std::string::npos) << plain;
+}
+
+TEST_F(cli_pg, maintain_once_while_another_process_leads_does_nothing_and_says_who_leads) {
+  migrate();
+  const auto id = enqueue({"a"});
+  db_->exec("SELECT * FROM " + schema_ + ".claim('default', 1, 'gone-worker')");
+  ASSERT_EQ(db_->exec("SELECT " + schema_ + ".acquire_leadership('runtime-a', '1 hour')"), "1");
+  auto r = tenure({"maintain", "--once", "--stale-after", "0"});
+  expect_success(r);
+  EXPECT_TRUE(std::regex_match(r.out, std::regex{"not the maintenance leader: another process holds the lease "
+                                                 "\\(held by runtime-a, term 1, for another [0-9.]+s\\); nothing done\n"}))
+      << r;
+  EXPECT_EQ(show(id)["state"], "running") << "no second leader acted";
+  EXPECT_EQ(db_->exec("SELECT holder || ' ' || term FROM " + schema_ + ".leadership"), "runtime-a 1");
+}
+
+TEST_F(cli_pg, maintain_interval_runs_until_sigterm_and_refuses_bad_options) {
+  migrate();
+  expect_one_error_line(tenure({"maintain", "--interval", "10ms"}), 2, "at least 100ms");
+  expect_one_error_line(tenure({"maintain", "--interval", "1s", "--once"}), 2, "excludes");
+}
+
+TEST_F(cli_pg, grant_admin_gives_the_queue_functions_and_nothing_else) {
+  migrate();
+  const auto role = create_role();
+  auto r = tenure({"grant-admin", role});
+  expect_success(r);
+  EXPECT_EQ(r.out, "granted admin access on schema " + schema_ + " to role " + role + "\n");
+  auto has = [&](const std::string& check) { return db_->exec("SELECT " + check) == "t"; };
+  for (const char* fn : {"pause_queue(text)", "resume_queue(text)", "configure_queue(text,jsonb)", "list_queues()"}) {
+    EXPECT_TRUE(has("has_function_privilege('" + role + "', '" + schema_ + "." + fn + "', 'EXECUTE')")) << fn;
+  }
+  EXPECT_FALSE(has("has_function_privilege('" + role + "', '" + schema_ + ".prune_expired(interval,int,int)', 'EXECUTE')"));
+  EXPECT_FALSE(has("has_function_privilege('" + role + "', '" + schema_ + ".complete_job(text,jsonb)', 'EXECUTE')"));
+  EXPECT_FALSE(has("has_table_privilege('" + role + "', '" + schema_ + ".queues', 'SELECT')"));
+  EXPECT_FALSE(has("has_table_privilege('" + role + "', '" + schema_ + ".jobs', 'SELECT')"));
+}
+
+// ---- many jobs -----------------------------------------------------------------------------------
+
+TEST_F(cli_pg, job_list_pages_newest_first_by_keyset_and_filters) {
+  migrate();
+  std::vector<std::int64_t> ids;
+  for (int i = 0; i < 5; ++i) ids.push_back(enqueue({"a", "--queue", i % 2 ? "odd" : "even"}));
+  const auto sms = enqueue({"b", "--queue", "odd"});
+  auto first = tenure({"job", "list", "--limit", "2", "--json"});
+  expect_success(first);
+  auto j = nlohmann::json::parse(first.out);
+  ASSERT_EQ(j["jobs"].size(), 2u);
+  EXPECT_EQ(j["jobs"][0]["id"], sms);
+  EXPECT_EQ(j["jobs"][1]["id"], ids[4]);
+  EXPECT_EQ(j["next_after_id"], ids[4]);
+  auto second = tenure({"job", "list", "--limit", "2", "--after-id", std::to_string(ids[4]), "--json"});
+  j = nlohmann::json::parse(second.out);
+  ASSERT_EQ(j["jobs"].size(), 2u);
+  EXPECT_EQ(j["jobs"][0]["id"], ids[3]);
+  EXPECT_EQ(j["jobs"][1]["id"], ids[2]);
+  auto odd_a = nlohmann::json::parse(tenure({"job", "list", "--queue", "odd", "--kind", "a", "--json"}).out);
+  ASSERT_EQ(odd_a["jobs"].size(), 2u);
+  EXPECT_EQ(odd_a["jobs"][0]["id"], ids[3]);
+  EXPECT_TRUE(odd_a["next_after_id"].is_null());
+  auto text = tenure({"job", "list", "--state", "available", "--limit", "1"});
+  expect_success(text);
+  EXPECT_TRUE(std::regex_match(text.out, std::regex{std::to_string(sms) + " +available +odd b attempt 0/25 created "
+                                                    "[0-9T:Z-]+\nmore: --after-id " + std::to_string(sms) + "\n"}))
+      << text;
+  expect_one_error_line(tenure({"job", "list", "--state", "done"}), 2, "'done' is not a state");
+}
+
+TEST_F(cli_pg, job_retry_and_cancel_by_filter_count_dry_run_and_requeue_dead_letters) {
+  migrate();
+  db_->exec("SELECT " + schema_ + ".configure_queue('dlq', '{\"dead_letter\": true}')");
+  std::vector<std::int64_t> dead;
+  for (int i = 0; i < 3; ++i) dead.push_back(enqueue({"a", "--queue", "dlq", "--max-attempts", "1"}));
+  const auto other = enqueue({"a", "--queue", "other"});
+  db_->exec("SELECT " + schema_ + ".fail_attempt(c.job_id, c.run_lease, 'boom', true) FROM " + schema_ +
+            ".claim_attempts('dlq', 10) c");
+  EXPECT_EQ(db_->exec("SELECT count(*) FROM " + schema_ + ".dead_letter"), "3");
+
+  auto dry = tenure({"job", "retry", "--state", "failed", "--dry-run"});
+  expect_success(dry);
+  EXPECT_EQ(dry.out, "would retry 3 job(s) (dry run: nothing changed)\n");
+  EXPECT_EQ(db_->exec("SELECT count(*) FROM " + schema_ + ".dead_letter"), "3");
+  auto retried = tenure({"job", "retry", "--queue", "dlq"});
+  expect_success(retried);
+  EXPECT_EQ(retried.out, "retried 3 job(s): available now, attempts reset\n");
+  EXPECT_EQ(db_->exec("SELECT count(*) FROM " + schema_ + ".dead_letter"), "0");
+  for (auto id : dead) EXPECT_EQ(show(id)["state"], "available");
+
+  auto cancel_dry = tenure({"job", "cancel", "--queue", "dlq", "--dry-run"});
+  EXPECT_EQ(cancel_dry.out, "would cancel 3 job(s) (dry run: nothing changed)\n");
+  auto cancelled = tenure({"job", "cancel", "--queue", "dlq"});
+  expect_success(cancelled);
+  EXPECT_EQ(cancelled.out, "cancelled 3 job(s)\n");
+  for (auto id : dead) EXPECT_EQ(show(id)["state"], "cancelled");
+  EXPECT_EQ(show(other)["state"], "available") << "another queue is untouched";
+
+  expect_one_error_line(tenure({"job", "retry"}), 2, "give a job ID, or at least one of");
+  expect_one_error_line(tenure({"job", "retry", "--state", "available"}), 2, "matches no job that can be retried");
+  expect_one_error_line(tenure({"job", "cancel", "1", "--queue", "x"}), 2, "either an ID or filters");
+}
+
 // ---- grants ------------------------------------------------------------------------------------
 
 TEST_F(cli_pg, grant_finalizer_on_unknown_role_is_one_line) {
@@ -538,7 +768,7 @@ TEST_F(cli_pg, grant_callback_gives_the_callback_functions_and_nothing_else) {
 TEST_F(cli_pg, grants_to_public_and_reserved_role_names_are_refused_with_exit_2) {
   // "public" is PUBLIC even quoted: the grant went to every role, exit 0.
   migrate();
-  for (const char* command : {"grant-finalizer", "grant-worker", "grant-producer", "grant-callback"}) {
+  for (const char* command : {"grant-finalizer", "grant-worker", "grant-producer", "grant-callback", "grant-admin"}) {
     for (const char* role : {"public", "PUBLIC", "Public", "none", "current_user", "SESSION_USER", "current_role",
                              "pg_monitor", "PG_READ_ALL_DATA", "pg_database_owner"}) {
       SCOPED_TRACE(std::string{command} + " " + role);
@@ -571,6 +801,9 @@ const std::vector<std::vector<std::string>> k_database_commands = {
     {"job", "retry", "1"},
     {"grant-finalizer", "postgres"},
     {"rescue"},
+    {"queue", "list"},
+    {"queue", "pause", "q"},
+    {"maintain", "--once"},
 };
 
 TEST_F(cli_pg, unreachable_database_is_one_line) {
@@ -701,7 +934,7 @@ TEST_F(cli_pg, version_and_help_go_to_stdout) {
   auto version = run_tenure({"--version"});
   expect_success(version);
   EXPECT_TRUE(
-      std::regex_match(version.out, std::regex{R"(tenure [0-9]+\.[0-9]+\.[0-9]+ \(schema version 7\)\n)"}))
+      std::regex_match(version.out, std::regex{R"(tenure [0-9]+\.[0-9]+\.[0-9]+ \(schema version 8\)\n)"}))
       << version;
   auto help = run_tenure({"--help"});
   expect_success(help);

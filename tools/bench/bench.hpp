@@ -10,7 +10,7 @@ namespace tenure::bench {
 
 struct options {
   std::string dsn;               ///< the database (a fresh schema is created in it and dropped)
-  std::string mode = "runtime";  ///< runtime | sql-limit | enqueue-single | caller-owned
+  std::string mode = "runtime";  ///< runtime | sql-limit | enqueue-single | caller-owned | prune
   int jobs = 20'000;             ///< jobs to drain (runtime, sql-limit)
   int producers = 16;  ///< enqueue-single: producer connections; caller-owned: handler threads
   double seconds = 5.0;          ///< enqueue-single: how long the producers run (each phase)
@@ -18,6 +18,7 @@ struct options {
   double rate = 0;
   int pickup_samples = 200;      ///< runtime: low-load pickup latency samples
   int workers = 4;               ///< sql-limit: concurrent claim/complete connections
+  long prune_rows = 1'000'000;   ///< prune: expired finished jobs to delete while the drain runs
   bool keep_schema = false;
   /// enqueue-single: make every enqueue pay for a NOTIFY (as a per-commit NOTIFY design would),
   /// for an A/B against tenure's NOTIFY-only-while-a-worker-sleeps wake-up.

@@ -1,4 +1,4 @@
-// tenure bench [--jobs N] [--mode runtime|sql-limit|enqueue-single|caller-owned] [--producers P] [--seconds S]
+// tenure bench [--jobs N] [--mode runtime|sql-limit|enqueue-single|caller-owned|prune] [--prune-rows N] [--producers P] [--seconds S]
 //              [--rate R]
 // Runs an end-to-end scenario on the database (a fresh schema, dropped afterwards) and prints
 // one JSON line. Without --database-url / DATABASE_URL it starts the project's private
@@ -34,13 +34,13 @@ std::string private_dsn() {
 void register_bench(CLI::App& app, context& ctx) {
   auto opts = std::make_shared<bench::options>();
   auto* cmd = app.add_subcommand("bench", "Measure throughput and latency on a real database (one JSON line)");
-  cmd->add_option("--mode", opts->mode, "runtime | sql-limit | enqueue-single | caller-owned")
+  cmd->add_option("--mode", opts->mode, "runtime | sql-limit | enqueue-single | caller-owned | prune")
       ->check(
           [](const std::string& text) -> std::string {
-            for (const char* mode : {"runtime", "sql-limit", "enqueue-single", "caller-owned"}) {
+            for (const char* mode : {"runtime", "sql-limit", "enqueue-single", "caller-owned", "prune"}) {
               if (text == mode) return {};
             }
-            return "'" + text + "' is not a mode: must be runtime, sql-limit, enqueue-single or caller-owned";
+            return "'" + text + "' is not a mode: must be runtime, sql-limit, enqueue-single, caller-owned or prune";
           },
           "MODE")
       ->capture_default_str();
@@ -62,6 +62,9 @@ void register_bench(CLI::App& app, context& ctx) {
       ->check([](const std::string& t) { return check_integer(t, 1, 100'000); }, "1..100000")
       ->capture_default_str();
   cmd->add_option("--workers", opts->workers, "sql-limit: connections")->check([](const std::string& t) { return check_integer(t, 1, 64); }, "1..64")->capture_default_str();
+  cmd->add_option("--prune-rows", opts->prune_rows, "prune: expired finished jobs the leader deletes during the drain")
+      ->check([](const std::string& t) { return check_integer(t, 1, 100'000'000); }, "1..100000000")
+      ->capture_default_str();
   cmd->add_flag("--keep-schema", opts->keep_schema, "Keep the bench schema for inspection");
   cmd->add_flag("--notify-always", opts->notify_always,
                 "enqueue-single: every enqueue pays for a NOTIFY (the per-commit design, for comparison)");

@@ -1,4 +1,4 @@
-// tenure grant-finalizer|grant-worker|grant-producer|grant-callback ROLE: give an existing role its slice.
+// tenure grant-finalizer|grant-worker|grant-producer|grant-callback|grant-admin ROLE: give an existing role its slice.
 #include <iostream>
 #include <memory>
 
@@ -25,6 +25,8 @@ constexpr grant_command k_grants[] = {
     {"grant-callback", postgres::grant_kind::callback, "callback",
      "Let ROLE (an external system) resolve callbacks: EXECUTE on resume_callback, "
      "extend_callback, complete_callback and fail_callback"},
+    {"grant-admin", postgres::grant_kind::admin, "admin",
+     "Let ROLE administer queues: EXECUTE on pause_queue, resume_queue, configure_queue and list_queues"},
 };
 
 int run_grant(const context& ctx, const grant_command& g, const std::string& role) {

@@ -1,4 +1,6 @@
 // tenure job show ID [--json] | job cancel ID | job retry ID
+// tenure job list [--state S] [--queue Q] [--kind K] [--limit N] [--after-id ID] [--json]
+// tenure job retry|cancel --state S | --queue Q | --kind K [--dry-run]   (every matching job)
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -7,10 +9,13 @@
 
 #include "cli/commands.hpp"
 #include "cli/number_text.hpp"
+#include "cli/pg_session.hpp"
 #include "cli/time_text.hpp"
 
 namespace tenure::cli {
 namespace {
+
+std::string text_or(const std::optional<std::string>& v) { return v.value_or("0"); }
 
 /// Reads one job; "job N not found" for an unknown id.
 job_info read_or_fail(postgres::store& store, std::int64_t id) {
@@ -129,6 +134,132 @@ int run_retry(const context& ctx, std::int64_t id) {
   return k_exit_ok;
 }
 
+// ---- many jobs: list, bulk retry and cancel ------------------------------------------------------
+
+struct job_filter {
+  std::string state, queue, kind;
+  bool any() const { return !state.empty() || !queue.empty() || !kind.empty(); }
+};
+
+/// " AND ..." for the filter, with its parameters appended to `params` ($n numbered from there).
+std::string where_of(const job_filter& f, std::vector<std::string>& params) {
+  std::string sql;
+  auto add = [&](const char* column, const std::string& value) {
+    if (value.empty()) return;
+    params.push_back(value);
+    sql += std::string{" AND "} + column + " = $" + std::to_string(params.size());
+  };
+  add("state", f.state);
+  add("queue", f.queue);
+  add("kind", f.kind);
+  return sql;
+}
+
+int run_list(const context& ctx, const job_filter& f, int limit, std::int64_t after_id, bool json) {
+  require_current_schema(ctx);
+  pg_session db(ctx.dsn());
+  std::vector<std::string> params;
+  std::string sql = "SELECT id, state, queue, kind, attempt, max_attempts, "
+                    "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), "
+                    "to_char(finalized_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), last_error, "
+                    "dead_lettered FROM " + db.quote_ident(ctx.schema) + ".jobs WHERE true" + where_of(f, params);
+  if (after_id > 0) {
+    params.push_back(std::to_string(after_id));
+    sql += " AND id < $" + std::to_string(params.size()) + "::bigint";
+  }
+  params.push_back(std::to_string(limit));
+  sql += " ORDER BY id DESC LIMIT $" + std::to_string(params.size()) + "::int";
+  const auto rows = db.query(sql, params, "cannot list jobs");
+  auto text = [](const std::optional<std::string>& v) { return v.value_or(""); };
+  // A full page may have more after it: the keyset to ask for the next one.
+  const std::optional<std::string> next =
+      static_cast<int>(rows.size()) == limit && !rows.empty() ? rows.back()[0] : std::nullopt;
+  if (json) {
+    nlohmann::ordered_json out;
+    out["jobs"] = nlohmann::ordered_json::array();
+    for (const auto& r : rows) {
+      nlohmann::ordered_json j;
+      j["id"] = std::stoll(text(r[0]));
+      j["state"] = text(r[1]);
+      j["queue"] = text(r[2]);
+      j["kind"] = text(r[3]);
+      j["attempt"] = std::stoi(text(r[4]));
+      j["max_attempts"] = std::stoi(text(r[5]));
+      j["created_at"] = text(r[6]);
+      j["finalized_at"] = r[7] ? nlohmann::ordered_json(*r[7]) : nullptr;
+      j["last_error"] = r[8] ? nlohmann::ordered_json(*r[8]) : nullptr;
+      j["dead_lettered"] = text(r[9]) == "t";
+      out["jobs"].push_back(std::move(j));
+    }
+    out["next_after_id"] = next ? nlohmann::ordered_json(std::stoll(*next)) : nullptr;
+    std::cout << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+    return k_exit_ok;
+  }
+  if (rows.empty()) {
+    std::cout << "no jobs\n";
+    return k_exit_ok;
+  }
+  for (const auto& r : rows) {
+    std::cout << std::left << std::setw(10) << text(r[0]) << ' ' << std::setw(16)
+              << (text(r[1]) + (text(r[9]) == "t" ? "*" : "")) << ' ' << printable(text(r[2])) << ' '
+              << printable(text(r[3])) << " attempt " << text(r[4]) << '/' << text(r[5]) << " created "
+              << text(r[6]) << '\n';
+  }
+  if (next) std::cout << "more: --after-id " << *next << '\n';
+  return k_exit_ok;
+}
+
+/// Retries (or cancels) every job the filter matches among those it applies to (finished jobs
+/// for retry, unfinished ones for cancel), newest first, 500 per statement.
+int run_bulk(const context& ctx, const job_filter& f, bool retry, bool dry_run) {
+  const char* verb = retry ? "retry" : "cancel";
+  if (!f.any()) {
+    throw command_error(std::string{"job "} + verb + ": give a job ID, or at least one of --state, --queue, --kind",
+                        k_exit_usage);
+  }
+  const std::string applies = retry ? "state IN ('completed', 'failed', 'cancelled')"
+                                    : "state IN ('scheduled', 'available', 'running', 'waiting_external', 'retryable')";
+  if (!f.state.empty() && (retry ? f.state != "completed" && f.state != "failed" && f.state != "cancelled"
+                                 : f.state == "completed" || f.state == "failed" || f.state == "cancelled")) {
+    throw command_error(std::string{"job "} + verb + ": --state " + f.state + " matches no job that can be " +
+                            (retry ? "retried (completed, failed or cancelled)" : "cancelled (unfinished)"),
+                        k_exit_usage);
+  }
+  require_current_schema(ctx);
+  pg_session db(ctx.dsn());
+  const std::string s = db.quote_ident(ctx.schema);
+  std::vector<std::string> params;
+  const std::string where = " WHERE " + applies + where_of(f, params);
+  if (dry_run) {
+    const auto n = db.query("SELECT count(*) FROM " + s + ".jobs" + where, params, "cannot count jobs");
+    std::cout << "would " << verb << ' ' << text_or(n[0][0]) << " job(s) (dry run: nothing changed)\n";
+    return k_exit_ok;
+  }
+  long changed = 0, matched = 0;
+  std::string below = "9223372036854775807";
+  for (;;) {
+    auto page_params = params;
+    page_params.push_back(below);
+    const auto ids = db.query("SELECT coalesce(array_agg(id ORDER BY id DESC), '{}')::text, min(id), count(*) FROM "
+                              "(SELECT id FROM " + s + ".jobs" + where + " AND id < $" +
+                                  std::to_string(page_params.size()) + "::bigint ORDER BY id DESC LIMIT 500) p",
+                              page_params, "cannot list jobs");
+    if (!ids[0][1]) break;
+    matched += std::stol(text_or(ids[0][2]));
+    below = *ids[0][1];
+    // A job that finished, started or vanished in between is not counted (false), never an error.
+    // CASE: the action runs only for a job that still exists (it raises TN003 otherwise).
+    const auto done = db.query("SELECT count(*) FROM unnest($1::bigint[]) u(id) WHERE CASE WHEN EXISTS (SELECT 1 FROM " +
+                                   s + ".jobs j WHERE j.id = u.id) THEN " + s + "." + verb + "_job(u.id) ELSE false END",
+                               {*ids[0][0]}, std::string{"cannot "} + verb + " jobs");
+    changed += std::stol(text_or(done[0][0]));
+  }
+  std::cout << (retry ? "retried " : "cancelled ") << changed << " job(s)";
+  if (matched != changed) std::cout << " (" << matched - changed << " changed state meanwhile and were left)";
+  std::cout << (retry ? ": available now, attempts reset\n" : "\n");
+  return k_exit_ok;
+}
+
 /// Adds `job <name> ID`, filling `id`.
 CLI::App* add_id_command(CLI::App& job, const char* name, const char* help, std::int64_t& id) {
   auto* cmd = job.add_subcommand(name, help);
@@ -139,26 +270,71 @@ CLI::App* add_id_command(CLI::App& job, const char* name, const char* help, std:
 }  // namespace
 
 void register_job(CLI::App& app, context& ctx) {
-  auto* job = app.add_subcommand("job", "Inspect or change one job");
+  auto* job = app.add_subcommand("job", "Inspect or change jobs");
   job->require_subcommand(1);
 
   struct job_options {
     std::int64_t id = 0;
     bool json = false;
+    bool dry_run = false;
+    job_filter filter;
+    int limit = 50;
+    std::int64_t after_id = 0;
   };
-  auto o = std::make_shared<job_options>();  // one of the three subcommands runs
+  auto o = std::make_shared<job_options>();  // one of the subcommands runs
 
   auto* show = add_id_command(*job, "show", "Print every field of a job", o->id);
   show->add_flag("--json", o->json, "Print a JSON object");
   show->callback([&ctx, o] { ctx.run = [&ctx, o] { return run_show(ctx, o->id, o->json); }; });
 
-  auto* cancel = add_id_command(
-      *job, "cancel", "Cancel a job that has not finished (a running attempt is told to stop)", o->id);
-  cancel->callback([&ctx, o] { ctx.run = [&ctx, o] { return run_cancel(ctx, o->id); }; });
+  auto check_state = [](const std::string& text) -> std::string {
+    return parse_job_state(text) ? "" : "'" + printable(text) + "' is not a state: scheduled, available, running, "
+                                        "waiting_external, retryable, completed, failed or cancelled";
+  };
+  auto add_filters = [&](CLI::App* cmd) {
+    cmd->add_option("--state", o->filter.state, "Only jobs in this state")->check(check_state, "STATE");
+    cmd->add_option("--queue", o->filter.queue, "Only jobs of this queue");
+    cmd->add_option("--kind", o->filter.kind, "Only jobs of this kind");
+  };
 
-  auto* retry = add_id_command(
-      *job, "retry", "Run a finished (completed, failed, cancelled) job again with fresh attempts", o->id);
-  retry->callback([&ctx, o] { ctx.run = [&ctx, o] { return run_retry(ctx, o->id); }; });
+  auto* list = job->add_subcommand("list", "List jobs, newest first (keyset pages: --after-id the last id shown)");
+  add_filters(list);
+  list->add_option("--limit", o->limit, "Jobs per page")
+      ->check([](const std::string& t) { return check_integer(t, 1, 10'000); }, "1..10000")
+      ->capture_default_str();
+  list->add_option("--after-id", o->after_id, "Only jobs older than this id (the next page)")->check(check_job_id, "ID");
+  list->add_flag("--json", o->json, "Print a JSON object");
+  list->callback([&ctx, o] {
+    ctx.run = [&ctx, o] { return run_list(ctx, o->filter, o->limit, o->after_id, o->json); };
+  });
+
+  auto* cancel = job->add_subcommand(
+      "cancel", "Cancel a job that has not finished (a running attempt is told to stop), or every unfinished job the "
+                "filters match");
+  cancel->add_option("ID", o->id, "The job id")->check(check_job_id, "ID");
+  add_filters(cancel);
+  cancel->add_flag("--dry-run", o->dry_run, "Only count the jobs the filters match");
+  cancel->callback([&ctx, o] {
+    ctx.run = [&ctx, o] {
+      if (o->id == 0) return run_bulk(ctx, o->filter, false, o->dry_run);
+      if (o->filter.any() || o->dry_run) throw command_error("job cancel: give either an ID or filters", k_exit_usage);
+      return run_cancel(ctx, o->id);
+    };
+  });
+
+  auto* retry = job->add_subcommand(
+      "retry", "Run a finished (completed, failed, cancelled, dead-lettered) job again with fresh attempts, or every "
+               "finished job the filters match");
+  retry->add_option("ID", o->id, "The job id")->check(check_job_id, "ID");
+  add_filters(retry);
+  retry->add_flag("--dry-run", o->dry_run, "Only count the jobs the filters match");
+  retry->callback([&ctx, o] {
+    ctx.run = [&ctx, o] {
+      if (o->id == 0) return run_bulk(ctx, o->filter, true, o->dry_run);
+      if (o->filter.any() || o->dry_run) throw command_error("job retry: give either an ID or filters", k_exit_usage);
+      return run_retry(ctx, o->id);
+    };
+  });
 }
 
 }  // namespace tenure::cli

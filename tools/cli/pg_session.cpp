@@ -49,6 +49,8 @@ std::vector<pg_session::row> pg_session::query(const std::string& sql, const std
   if (!res ||
       (PQresultStatus(res.get()) != PGRES_TUPLES_OK && PQresultStatus(res.get()) != PGRES_COMMAND_OK)) {
     const char* message = res ? PQresultErrorField(res.get(), PG_DIAG_MESSAGE_PRIMARY) : nullptr;
+    const char* state = res ? PQresultErrorField(res.get(), PG_DIAG_SQLSTATE) : nullptr;
+    last_sqlstate_ = state ? state : "";
     throw command_error(what + ": " + (message ? std::string{message} : trimmed(PQerrorMessage(conn_))));
   }
   std::vector<row> rows;

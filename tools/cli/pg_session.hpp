@@ -24,11 +24,15 @@ class pg_session {
   std::vector<row> query(const std::string& sql, const std::vector<std::string>& params,
                          const std::string& what);
 
+  /// The SQLSTATE of the last statement that failed ("" when none did, or the connection broke).
+  const std::string& last_sqlstate() const noexcept { return last_sqlstate_; }
+
   /// A safely quoted SQL identifier.
   std::string quote_ident(const std::string& name) const;
 
  private:
   pg_conn* conn_ = nullptr;
+  std::string last_sqlstate_;
 };
 
 }  // namespace tenure::cli

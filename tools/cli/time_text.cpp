@@ -3,6 +3,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <iterator>
 #include <ctime>
 
 namespace tenure::cli {
@@ -124,6 +125,108 @@ std::string format_iso8601(time_point t) {
   if (time.subseconds().count() != 0) {
     std::snprintf(buf, sizeof buf, ".%06lld", static_cast<long long>(time.subseconds().count()));
     out.insert(out.size() - 1, buf);
+  }
+  return out;
+}
+
+namespace {
+struct duration_unit {
+  std::string_view suffix;
+  std::int64_t us;
+};
+// Longest suffix first: "ms" before "m" and "s".
+constexpr duration_unit k_units[] = {{"ms", 1'000}, {"s", 1'000'000}, {"m", 60'000'000},
+                                     {"h", 3'600'000'000}, {"d", 86'400'000'000}};
+constexpr std::int64_t k_max_duration_us = 36'500LL * 86'400'000'000LL;
+}  // namespace
+
+std::optional<std::chrono::microseconds> parse_duration(std::string_view text) {
+  std::size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  if (digits == 0 || digits > 15) return std::nullopt;
+  const std::string_view suffix = text.substr(digits);
+  for (const auto& u : k_units) {
+    if (suffix != u.suffix) continue;
+    std::int64_t n = 0;
+    for (std::size_t i = 0; i < digits; ++i) n = n * 10 + (text[i] - '0');  // 15 digits cannot overflow
+    if (n > k_max_duration_us / u.us) return std::nullopt;
+    return std::chrono::microseconds{n * u.us};
+  }
+  return std::nullopt;
+}
+
+std::string check_duration(const std::string& text) {
+  if (parse_duration(text)) return {};
+  return "'" + printable(text) +
+         "' is not a duration: use a whole number and a unit, ms, s, m, h or d (e.g. 0s, 90s, 15m, 2h, 7d), "
+         "at most 36500d";
+}
+
+std::string format_duration(std::chrono::microseconds d) {
+  const std::int64_t us = d.count();
+  if (us == 0) return "0s";
+  for (auto it = std::rbegin(k_units); it != std::rend(k_units); ++it) {
+    if (us % it->us == 0) return std::to_string(us / it->us) + std::string{it->suffix};
+  }
+  return std::to_string(us) + "us";
+}
+
+std::string printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  char buf[16];
+  auto hex_byte = [&](unsigned char b) {
+    std::snprintf(buf, sizeof buf, "\\x%02X", b);
+    out += buf;
+  };
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const auto b = static_cast<unsigned char>(text[i]);
+    if (b == '\\') {
+      out += "\\\\";
+      ++i;
+      continue;
+    }
+    if (b < 0x20 || b == 0x7F) {
+      hex_byte(b);
+      ++i;
+      continue;
+    }
+    if (b < 0x80) {
+      out += static_cast<char>(b);
+      ++i;
+      continue;
+    }
+    // A UTF-8 sequence: its length from the lead byte, then continuation bytes, no overlongs,
+    // no surrogates, nothing past U+10FFFF.
+    int len = 0;
+    char32_t cp = 0;
+    if (b >= 0xC2 && b <= 0xDF) len = 2, cp = b & 0x1F;
+    else if (b >= 0xE0 && b <= 0xEF) len = 3, cp = b & 0x0F;
+    else if (b >= 0xF0 && b <= 0xF4) len = 4, cp = b & 0x07;
+    bool ok = len > 0 && i + static_cast<std::size_t>(len) <= text.size();
+    for (int k = 1; ok && k < len; ++k) {
+      const auto c = static_cast<unsigned char>(text[i + static_cast<std::size_t>(k)]);
+      ok = (c & 0xC0) == 0x80;
+      cp = (cp << 6) | (c & 0x3F);
+    }
+    if (ok) {
+      ok = !(len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) && !(len == 4 && (cp < 0x10000 || cp > 0x10FFFF));
+    }
+    if (!ok) {
+      hex_byte(b);
+      ++i;
+      continue;
+    }
+    const bool control = (cp >= 0x80 && cp <= 0x9F) || (cp >= 0x202A && cp <= 0x202E) ||
+                         (cp >= 0x2066 && cp <= 0x2069) || cp == 0x200E || cp == 0x200F || cp == 0x061C;
+    if (control) {
+      std::snprintf(buf, sizeof buf, "\\u{%04X}", static_cast<unsigned>(cp));
+      out += buf;
+    } else {
+      out.append(text.substr(i, static_cast<std::size_t>(len)));
+    }
+    i += static_cast<std::size_t>(len);
   }
   return out;
 }

@@ -51,6 +51,7 @@ enum class grant_kind {
   producer,   ///< USAGE + EXECUTE on enqueue and enqueue_batch
   worker,     ///< everything a worker runtime calls, plus SELECT on the jobs view
   callback,   ///< USAGE + EXECUTE on resume/extend/complete/fail_callback (external systems)
+  admin,      ///< USAGE + EXECUTE on pause_queue, resume_queue, configure_queue, list_queues (operators)
 };
 
 /// Why `role` may not be granted tenure's rights, or an empty string when it may: PUBLIC (every

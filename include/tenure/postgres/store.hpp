@@ -94,6 +94,9 @@ class store final : public storage_port {
   result<std::vector<attempt_evidence>> reconcile(std::span<const attempt_id> attempts) override;
 
   result<void> configure_queue(std::string_view queue, const queue_settings& settings) override;
+  result<bool> pause_queue(std::string_view queue) override;
+  result<bool> resume_queue(std::string_view queue) override;
+  result<void> update_queue(std::string_view queue, const queue_changes& changes) override;
 
   const store_options& options() const noexcept;
 

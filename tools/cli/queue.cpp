@@ -1,0 +1,238 @@
+// tenure queue list [--json] | queue pause QUEUE | queue resume QUEUE
+// tenure queue configure QUEUE [--retain-completed D] [--retain-cancelled D] [--retain-failed D]
+//                              [--dead-letter on|off] [--hard-deadline D|none] [--backoff-base D]
+//                              [--backoff-cap D]
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.hpp"
+#include "cli/pg_session.hpp"
+#include "cli/time_text.hpp"
+
+namespace tenure::cli {
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+
+/// The settings keys and job states in the order they are printed.
+constexpr const char* k_setting_keys[] = {"dead_letter",      "hard_deadline",    "backoff_base", "backoff_cap",
+                                          "retain_completed", "retain_cancelled", "retain_failed"};
+constexpr const char* k_state_keys[] = {"scheduled", "available", "running",  "waiting_external",
+                                        "retryable", "completed", "failed",   "cancelled"};
+
+struct queue_row {
+  std::string name;
+  bool paused = false;
+  ordered_json settings;
+  ordered_json counts;
+  std::optional<double> oldest_available_seconds;
+};
+
+/// Parsed JSON from the database, keys put in `order` (jsonb keeps its own order).
+ordered_json ordered(const std::optional<std::string>& text, const auto& order) {
+  ordered_json out = ordered_json::object();
+  if (!text) return out;
+  auto v = ordered_json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!v.is_object()) return out;
+  for (const char* key : order) out[key] = v.contains(key) ? v[key] : ordered_json();
+  return out;
+}
+
+/// Every queue (with jobs or settings), through list_queues() (granted by grant-admin).
+std::vector<queue_row> read_queues(const context& ctx, const std::optional<std::string>& only = std::nullopt) {
+  require_current_schema(ctx);
+  pg_session db(ctx.dsn());
+  const auto rows = db.query("SELECT queue, paused, settings::text, counts::text, extract(epoch FROM oldest_available) "
+                             "FROM " + db.quote_ident(ctx.schema) + ".list_queues() q "
+                             "WHERE $1 = '' OR q.queue = $1",
+                             {only.value_or("")}, "cannot list queues");
+  std::vector<queue_row> out;
+  for (const auto& r : rows) {
+    if (!r[0]) continue;
+    if (only && *r[0] != *only) continue;
+    queue_row q;
+    q.name = *r[0];
+    q.paused = r[1] && *r[1] == "t";
+    q.settings = ordered(r[2], k_setting_keys);
+    q.counts = ordered(r[3], k_state_keys);
+    if (r[4]) q.oldest_available_seconds = std::strtod(r[4]->c_str(), nullptr);
+    out.push_back(std::move(q));
+  }
+  return out;
+}
+
+std::string setting_text(const ordered_json& v) {
+  if (v.is_boolean()) return v.get<bool>() ? "on" : "off";
+  if (v.is_null()) return "none";
+  if (v.is_string()) return v.get<std::string>();
+  return v.dump();
+}
+
+std::string age_text(std::optional<double> seconds) {
+  if (!seconds) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1fs", *seconds);
+  return buf;
+}
+
+void print_settings_line(const ordered_json& settings) {
+  std::string line;
+  for (const auto& [key, value] : settings.items()) {
+    line += (line.empty() ? "" : ", ") + key + " " + setting_text(value);
+  }
+  std::cout << "  settings  " << line << '\n';
+}
+
+int run_list(const context& ctx, bool json) {
+  const auto queues = read_queues(ctx);
+  if (json) {
+    ordered_json out;
+    out["schema"] = ctx.schema;
+    out["queues"] = ordered_json::array();
+    for (const auto& q : queues) {
+      ordered_json item;
+      item["name"] = q.name;
+      item["paused"] = q.paused;
+      item["settings"] = q.settings;
+      item["counts"] = q.counts;
+      item["oldest_available_seconds"] =
+          q.oldest_available_seconds ? ordered_json(*q.oldest_available_seconds) : ordered_json();
+      out["queues"].push_back(std::move(item));
+    }
+    // A queue name is user data: invalid UTF-8 becomes U+FFFD instead of an exception.
+    std::cout << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+    return k_exit_ok;
+  }
+  if (queues.empty()) {
+    std::cout << "no queues in schema " << ctx.schema << '\n';
+    return k_exit_ok;
+  }
+  for (const auto& q : queues) {
+    std::cout << "queue " << printable(q.name) << (q.paused ? "  PAUSED" : "  running") << '\n';
+    std::string jobs;
+    for (const auto& [state, n] : q.counts.items()) jobs += (jobs.empty() ? "" : ", ") + state + " " + n.dump();
+    std::cout << "  jobs      " << jobs << '\n';
+    std::cout << "  oldest available job  " << age_text(q.oldest_available_seconds) << '\n';
+    print_settings_line(q.settings);
+  }
+  return k_exit_ok;
+}
+
+/// Runs one administration function; a value the database refuses (SQLSTATE class 22, e.g. a
+/// backoff cap below the base) is the command line's fault: exit 2 with the server's words.
+std::vector<pg_session::row> admin_call(const context& ctx, const std::string& call, const std::vector<std::string>& params,
+                                        const std::string& what) {
+  require_current_schema(ctx);
+  pg_session db(ctx.dsn());
+  try {
+    return db.query("SELECT " + db.quote_ident(ctx.schema) + "." + call, params, what);
+  } catch (const command_error& e) {
+    if (db.last_sqlstate().starts_with("22")) throw command_error(e.what(), k_exit_usage);
+    throw;
+  }
+}
+
+int run_pause(const context& ctx, const std::string& queue, bool pause) {
+  const std::string name = "queue " + printable(queue);
+  const auto rows = admin_call(ctx, pause ? "pause_queue($1)" : "resume_queue($1)", {queue},
+                               std::string{"cannot "} + (pause ? "pause " : "resume ") + name);
+  const bool changed = !rows.empty() && rows[0][0] && *rows[0][0] == "t";
+  if (pause) {
+    std::cout << name << (changed ? " paused: no worker claims its jobs until it is resumed" : " was already paused")
+              << '\n';
+  } else {
+    std::cout << name << (changed ? " resumed" : " was not paused") << '\n';
+  }
+  return k_exit_ok;
+}
+
+struct configure_options {
+  std::string queue;
+  std::string retain_completed, retain_cancelled, retain_failed, dead_letter, hard_deadline, backoff_base,
+      backoff_cap;
+};
+
+int run_configure(const context& ctx, const configure_options& o) {
+  // The settings as configure_queue reads them: durations in whole microseconds, exactly.
+  ordered_json settings = ordered_json::object();
+  auto duration = [](const std::string& text) {  // checked by CLI11 already
+    return ordered_json(std::to_string(parse_duration(text)->count()) + "us");
+  };
+  if (!o.dead_letter.empty()) settings["dead_letter"] = o.dead_letter == "on";
+  if (!o.hard_deadline.empty()) settings["hard_deadline"] = o.hard_deadline == "none" ? ordered_json() : duration(o.hard_deadline);
+  if (!o.backoff_base.empty()) settings["backoff_base"] = duration(o.backoff_base);
+  if (!o.backoff_cap.empty()) settings["backoff_cap"] = duration(o.backoff_cap);
+  if (!o.retain_completed.empty()) settings["retain_completed"] = duration(o.retain_completed);
+  if (!o.retain_cancelled.empty()) settings["retain_cancelled"] = duration(o.retain_cancelled);
+  if (!o.retain_failed.empty()) settings["retain_failed"] = duration(o.retain_failed);
+  if (settings.empty()) {
+    throw command_error(
+        "nothing to change: give at least one of --retain-completed, --retain-cancelled, --retain-failed, "
+        "--dead-letter, --hard-deadline, --backoff-base, --backoff-cap",
+        k_exit_usage);
+  }
+  const std::string name = "queue " + printable(o.queue);
+  const auto rows = admin_call(ctx, "configure_queue($1, $2::jsonb)::text", {o.queue, settings.dump()},
+                               "cannot configure " + name);
+  std::cout << name << " configured\n";
+  if (!rows.empty()) print_settings_line(ordered(rows[0][0], k_setting_keys));
+  return k_exit_ok;
+}
+
+std::string check_on_off(const std::string& text) {
+  return text == "on" || text == "off" ? "" : "'" + printable(text) + "' must be on or off";
+}
+
+std::string check_deadline(const std::string& text) {
+  if (text == "none") return {};
+  if (auto reason = check_duration(text); !reason.empty()) return reason + " (or none)";
+  if (parse_duration(text)->count() == 0) return "a hard deadline must be positive (or none, for no deadline)";
+  return {};
+}
+
+}  // namespace
+
+void register_queue(CLI::App& app, context& ctx) {
+  auto* queue = app.add_subcommand("queue", "List, pause, resume and configure queues");
+  queue->require_subcommand(1);
+
+  auto json = std::make_shared<bool>(false);
+  auto* list = queue->add_subcommand("list", "Every queue: paused or not, its settings, jobs per state, oldest available job");
+  list->add_flag("--json", *json, "Print a JSON object");
+  list->callback([&ctx, json] { ctx.run = [&ctx, json] { return run_list(ctx, *json); }; });
+
+  auto name = std::make_shared<std::string>();
+  auto* pause = queue->add_subcommand("pause", "Stop workers claiming the queue's jobs (running attempts finish)");
+  pause->add_option("QUEUE", *name, "The queue")->required();
+  pause->callback([&ctx, name] { ctx.run = [&ctx, name] { return run_pause(ctx, *name, true); }; });
+  auto* resume = queue->add_subcommand("resume", "Let workers claim the queue's jobs again (sleeping workers wake at once)");
+  resume->add_option("QUEUE", *name, "The queue")->required();
+  resume->callback([&ctx, name] { ctx.run = [&ctx, name] { return run_pause(ctx, *name, false); }; });
+
+  auto o = std::make_shared<configure_options>();
+  auto* configure = queue->add_subcommand("configure", "Change a queue's settings (those not given keep their value)");
+  configure->add_option("QUEUE", o->queue, "The queue")->required();
+  auto duration_option = [&](const char* flag, std::string& target, const char* help) {
+    configure->add_option(flag, target, help)->type_name("D")->check(check_duration, "D");
+  };
+  duration_option("--retain-completed", o->retain_completed, "Keep completed jobs this long (default 24h)");
+  duration_option("--retain-cancelled", o->retain_cancelled, "Keep cancelled jobs this long (default 24h)");
+  duration_option("--retain-failed", o->retain_failed, "Keep failed and dead-lettered jobs this long (default 7d)");
+  duration_option("--backoff-base", o->backoff_base, "First retry delay (default 1s)");
+  duration_option("--backoff-cap", o->backoff_cap, "Longest retry delay (default 1h)");
+  configure->add_option("--dead-letter", o->dead_letter, "Failed jobs go to the dead-letter table: on or off")
+      ->type_name("on|off")
+      ->check(check_on_off, "on|off");
+  configure->add_option("--hard-deadline", o->hard_deadline, "Rescue attempts running longer than D (none: no limit)")
+      ->type_name("D|none")
+      ->check(check_deadline, "D|none");
+  configure->callback([&ctx, o] { ctx.run = [&ctx, o] { return run_configure(ctx, *o); }; });
+}
+
+}  // namespace tenure::cli
