@@ -115,7 +115,7 @@ class control {
 
   /// Runs `fn` on the control thread and waits for it to call its completion, or until
   /// `timeout` has passed by the runtime's clock.
-  bool run_and_wait_until_due(std::function<void(std::function<void()>)> fn, milliseconds timeout);
+  bool run_and_wait_until_due(std::function<void(std::function<void()>)> fn, std::chrono::milliseconds timeout);
 
   /// Runs `fn` on the control thread and waits for it to call its completion, or `timeout`.
   bool run_and_wait(std::function<void(std::function<void()>)> fn, std::chrono::milliseconds timeout);

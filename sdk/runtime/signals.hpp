@@ -53,7 +53,7 @@ class signals {
   live_metrics& m;
 
   /// Waits out `d` by the runtime's clock, or until stop(); false once stopping.
-  bool pause(milliseconds d);
+  bool pause(std::chrono::milliseconds d);
 
   std::thread thread;
   std::atomic<bool> stop_flag{false};

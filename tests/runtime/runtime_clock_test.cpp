@@ -215,7 +215,7 @@ TEST_F(runtime_clock, stop_gives_up_on_a_handler_once_the_manual_clock_passes_th
   std::atomic<bool> cancelled{false};
   rt->handle("k", [&](job_context& ctx) {
     running = true;
-    cancelled = ctx.wait_cancelled(milliseconds::max());
+    cancelled = ctx.wait_cancelled(std::chrono::milliseconds::max());
     return job_outcome::completed();
   });
   ASSERT_TRUE(rt->start());
