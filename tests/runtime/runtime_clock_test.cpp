@@ -17,6 +17,8 @@
 #include "tenure/sqlite/store.hpp"
 #include "tenure/testing/faulty_store.hpp"
 
+#include "sqlite_runtime_fixture.hpp"
+
 namespace tenure {
 namespace {
 
@@ -53,37 +55,15 @@ class one_grant_port final : public signal_port {
   std::atomic<std::int64_t> resigned{0};
 };
 
-class runtime_clock : public ::testing::Test {
+class runtime_clock : public test::sqlite_runtime_fixture {
  protected:
-  void SetUp() override {
-    auto s = sqlite::store::open(":memory:", clock_);
-    ASSERT_TRUE(s) << s.error().message();
-    inner_ = std::move(s).value();
-    faulty_ = std::make_shared<testing::faulty_store>(*inner_);
-  }
-
-  /// The runtime reads the test's manual clock; heartbeat and maintenance run when told to.
+  /// The runtime reads the test's manual clock too.
   runtime_config config() {
-    runtime_config c;
-    c.queues = {{.name = "default", .max_concurrency = 4}};
-    c.heartbeat_interval = 1h;
-    c.maintenance_interval = 1h;
-    c.poll_interval = 5ms;  // no NOTIFY with SQLite: claims come from polling
-    c.flush_delay = 1ms;
+    auto c = sqlite_runtime_fixture::config();
     c.shutdown_timeout = 1h;
     c.clock = std::shared_ptr<const clock_port>(std::shared_ptr<void>{}, &clock_);  // not owned
     return c;
   }
-  std::unique_ptr<runtime> make(runtime_config c, std::shared_ptr<signal_port> sig = nullptr) {
-    auto r = runtime::create(std::move(c), faulty_, std::move(sig));
-    if (!r) throw std::runtime_error(r.error().message());
-    return std::move(r).value();
-  }
-  job_state state(std::int64_t id) { return inner_->read_job(id).value().state; }
-
-  manual_clock clock_;
-  std::unique_ptr<sqlite::store> inner_;
-  std::shared_ptr<testing::faulty_store> faulty_;
 };
 
 TEST_F(runtime_clock, leadership_is_given_up_once_the_manual_clock_passes_the_lease_expiry_without_renewal) {

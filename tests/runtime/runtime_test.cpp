@@ -16,6 +16,8 @@
 #include "tenure/clock.hpp"
 #include "tenure/runtime.hpp"
 
+#include "sqlite_runtime_fixture.hpp"
+
 namespace tenure {
 namespace {
 
@@ -32,42 +34,7 @@ bool eventually(Cond cond, std::chrono::milliseconds timeout = 10s) {
   return cond();
 }
 
-class runtime_unit : public ::testing::Test {
- protected:
-  void SetUp() override {
-    auto s = sqlite::store::open(":memory:", clock_);
-    ASSERT_TRUE(s) << s.error().message();
-    inner_ = std::move(s).value();
-    faulty_ = std::make_shared<testing::faulty_store>(*inner_);
-  }
-
-  /// Timers far apart: heartbeat and maintenance run only when a test says so.
-  runtime_config config() {
-    runtime_config c;
-    c.queues = {{.name = "default", .max_concurrency = 4}};
-    c.heartbeat_interval = 1h;
-    c.maintenance_interval = 1h;
-    c.poll_interval = 5ms;  // no NOTIFY with SQLite: claims come from polling
-    c.flush_delay = 1ms;
-    c.shutdown_timeout = 5s;
-    return c;
-  }
-  std::unique_ptr<runtime> make(runtime_config c) {
-    auto r = runtime::create(std::move(c), faulty_, nullptr);
-    if (!r) throw std::runtime_error(r.error().message());
-    return std::move(r).value();
-  }
-  std::int64_t enqueue(std::string kind = "k") {
-    auto id = inner_->enqueue({.kind = std::move(kind)});
-    if (!id) throw std::runtime_error(id.error().message());
-    return id.value();
-  }
-  job_state state(std::int64_t id) { return inner_->read_job(id).value().state; }
-
-  manual_clock clock_;
-  std::unique_ptr<sqlite::store> inner_;
-  std::shared_ptr<testing::faulty_store> faulty_;
-};
+class runtime_unit : public test::sqlite_runtime_fixture {};
 
 TEST_F(runtime_unit, completions_are_flushed_as_batches_not_one_statement_each) {
   for (int i = 0; i < 200; ++i) enqueue();
