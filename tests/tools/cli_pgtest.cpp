@@ -467,19 +467,29 @@ TEST_F(cli_pg, job_cancel_and_retry_say_what_happened) {
 
 // ---- rescue ------------------------------------------------------------------------------------
 
-TEST_F(cli_pg, rescue_reports_what_it_rescued) {
+TEST_F(cli_pg, rescue_is_an_alias_of_maintain_once_fenced_by_the_lease) {
   migrate();
-  auto none = tenure({"rescue"});
-  expect_success(none);
-  EXPECT_EQ(none.out, "rescued 0 stale attempts\n");
-
   const auto id = enqueue({"a"});
   db_->exec("SELECT * FROM " + schema_ + ".claim('default', 1, 'gone-worker')");
+  // While another process leads, `rescue` does what `maintain --once` does: nothing.
+  ASSERT_EQ(db_->exec("SELECT " + schema_ + ".acquire_leadership('runtime-a', '1 hour')"), "1");
+  auto standby = tenure({"rescue", "--stale-after", "0"});
+  expect_success(standby);
+  EXPECT_NE(standby.out.find("not the maintenance leader"), std::string::npos) << standby;
+  EXPECT_EQ(show(id)["state"], "running") << "no unfenced rescue beside a leader";
+
+  db_->exec("SELECT " + schema_ + ".release_leadership('runtime-a', 1)");
   auto one = tenure({"rescue", "--stale-after", "0"});
   expect_success(one);
-  EXPECT_EQ(one.out, "rescued 1 stale attempt:\n  job " + std::to_string(id) +
-                         " (queue default, run lease 1) -> available\n");
+  EXPECT_TRUE(std::regex_match(one.out, std::regex{"maintenance leader tenure-maintain:[^ ]+:[0-9]+, term 2\n"
+                                                   "maintenance pass done: due jobs promoted, expired finished "
+                                                   "jobs pruned, rescued 1 stale attempt:\n"
+                                                   "  job " + std::to_string(id) +
+                                                   " \\(queue default, run lease 1\\) -> available\n"}))
+      << one;
   EXPECT_EQ(show(id)["state"], "available");
+  EXPECT_EQ(db_->exec("SELECT expires_at <= clock_timestamp() FROM " + schema_ + ".leadership"), "t")
+      << "the lease is released, as after maintain --once";
 }
 
 // ---- queues and maintenance --------------------------------------------------------------------

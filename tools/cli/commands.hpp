@@ -19,7 +19,6 @@ void register_grants(CLI::App& app, context& ctx);
 void register_enqueue(CLI::App& app, context& ctx);
 void register_status(CLI::App& app, context& ctx);
 void register_job(CLI::App& app, context& ctx);
-void register_rescue(CLI::App& app, context& ctx);
 void register_queue(CLI::App& app, context& ctx);
 void register_maintain(CLI::App& app, context& ctx);
 void register_bench(CLI::App& app, context& ctx);
@@ -27,7 +26,7 @@ void register_bench(CLI::App& app, context& ctx);
 /// Every command, in the order `tenure --help` lists them.
 inline constexpr registrar k_commands[] = {
     &register_migrate, &register_grants, &register_enqueue, &register_status,
-    &register_job,     &register_queue,  &register_maintain, &register_rescue, &register_bench,
+    &register_job,     &register_queue,  &register_maintain, &register_bench,
 };
 
 }  // namespace tenure::cli

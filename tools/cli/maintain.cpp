@@ -1,6 +1,6 @@
 // tenure maintain [--once | --interval D] [--stale-after SECONDS]: the maintenance leader's passes
 // (promotion of due jobs, rescue of stale attempts, pruning of expired finished jobs) from the
-// command line, under the same lease as the runtimes' leader.
+// command line, under the same lease as the runtimes' leader. `tenure rescue` is its alias.
 #include <unistd.h>
 
 #include <atomic>
@@ -163,6 +163,7 @@ void register_maintain(CLI::App& app, context& ctx) {
       "maintain",
       "Run the maintenance leader's pass (promote due jobs, rescue stale attempts, prune expired finished jobs) "
       "under the maintenance lease: once (--once, the default) or every --interval");
+  cmd->alias("rescue");
   auto* once = cmd->add_flag("--once", o->once, "One pass, then release the lease (the default)");
   cmd->add_option("--interval", o->interval, "A pass every D (e.g. 1s, 30s, 5m) until SIGINT or SIGTERM")
       ->type_name("D")
