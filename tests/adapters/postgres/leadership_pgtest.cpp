@@ -171,7 +171,7 @@ TEST_F(leadership, sessions_racing_for_an_expired_lease_never_both_win) {
 }
 
 TEST_F(leadership, bad_arguments_raise_22023) {
-  for (const std::string& ttl : {"0 seconds", "-1 second", "61 minutes"}) {
+  for (const std::string ttl : {"0 seconds", "-1 second", "61 minutes"}) {
     EXPECT_EQ(a_.query("SELECT " + s("acquire_leadership") + "('a', $1::interval)", {ttl}).sqlstate, "22023") << ttl;
   }
   EXPECT_EQ(a_.query("SELECT " + s("acquire_leadership") + "('a', NULL)").sqlstate, "22023");
