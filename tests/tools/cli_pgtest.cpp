@@ -467,6 +467,16 @@ TEST_F(cli_pg, job_cancel_and_retry_say_what_happened) {
 
 // ---- rescue ------------------------------------------------------------------------------------
 
+/// What `tenure maintain` (or `rescue`) prints for a pass of lease term `term` that rescued job
+/// `id`'s first attempt back to available.
+std::regex one_rescue_pass(int term, std::int64_t id) {
+  return std::regex{"maintenance leader tenure-maintain:[^ ]+:[0-9]+, term " + std::to_string(term) +
+                    "\n"
+                    "maintenance pass done: due jobs promoted, expired finished jobs pruned, rescued 1 stale "
+                    "attempt:\n"
+                    "  job " + std::to_string(id) + " \\(queue default, run lease 1\\) -> available\n"};
+}
+
 TEST_F(cli_pg, rescue_is_an_alias_of_maintain_once_fenced_by_the_lease) {
   migrate();
   const auto id = enqueue({"a"});
@@ -481,12 +491,7 @@ TEST_F(cli_pg, rescue_is_an_alias_of_maintain_once_fenced_by_the_lease) {
   db_->exec("SELECT " + schema_ + ".release_leadership('runtime-a', 1)");
   auto one = tenure({"rescue", "--stale-after", "0"});
   expect_success(one);
-  EXPECT_TRUE(std::regex_match(one.out, std::regex{"maintenance leader tenure-maintain:[^ ]+:[0-9]+, term 2\n"
-                                                   "maintenance pass done: due jobs promoted, expired finished "
-                                                   "jobs pruned, rescued 1 stale attempt:\n"
-                                                   "  job " + std::to_string(id) +
-                                                   " \\(queue default, run lease 1\\) -> available\n"}))
-      << one;
+  EXPECT_TRUE(std::regex_match(one.out, one_rescue_pass(2, id))) << one;
   EXPECT_EQ(show(id)["state"], "available");
   EXPECT_EQ(db_->exec("SELECT expires_at <= clock_timestamp() FROM " + schema_ + ".leadership"), "t")
       << "the lease is released, as after maintain --once";
@@ -607,12 +612,7 @@ TEST_F(cli_pg, maintain_once_rescues_a_stale_attempt_as_leader_and_releases_the_
   db_->exec("SELECT * FROM " + schema_ + ".claim('default', 1, 'gone-worker')");
   auto r = tenure({"maintain", "--once", "--stale-after", "0"});
   expect_success(r);
-  EXPECT_TRUE(std::regex_match(r.out, std::regex{"maintenance leader tenure-maintain:[^ ]+:[0-9]+, term 1\n"
-                                                 "maintenance pass done: due jobs promoted, expired finished jobs "
-                                                 "pruned, rescued 1 stale attempt:\n"
-                                                 "  job " + std::to_string(id) +
-                                                 " \\(queue default, run lease 1\\) -> available\n"}))
-      << r;
+  EXPECT_TRUE(std::regex_match(r.out, one_rescue_pass(1, id))) << r;
   EXPECT_EQ(show(id)["state"], "available");
   EXPECT_EQ(db_->exec("SELECT expires_at <= clock_timestamp() FROM " + schema_ + ".leadership"), "t")
       << "the lease is released: a runtime leads again at once";
