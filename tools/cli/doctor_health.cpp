@@ -83,7 +83,8 @@ findings check_stale_attempts(pg_session& db, const settings& st) {
             (stale > 5 ? ", the 5 oldest: " : ": ") + listed +
             ". Their workers are gone and rescue has not closed them: " + l.said;
   f.fix = l.live ? "the lease holder's passes are not rescuing them (frozen, or its staleness is longer than "
-                   "--stale-after): check that process; `tenure rescue --stale-after SECONDS` rescues them now"
+                   "--stale-after): check that process; once its lease has expired, `tenure maintain --once` "
+                   "rescues them"
                  : std::string{k_start_maintenance} + "; `tenure maintain --once` rescues them now";
   return {f};
 }
