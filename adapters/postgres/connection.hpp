@@ -14,6 +14,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "tenure/postgres/session_probe.hpp"
 #include "tenure/postgres/sql_text.hpp"
 #include "tenure/result.hpp"
 
@@ -123,6 +124,10 @@ class connection {
   session_use use_ = session_use::keep;
   std::unordered_set<std::string> prepared_;
 };
+
+/// What `dsn` leads to (see tenure::postgres::probe_session), without logging anything.
+result<postgres::session_kind> probe_session(const std::string& dsn, const std::string& application_name,
+                                             std::chrono::milliseconds wait);
 
 /// Checks that `dsn` gives a server session of its own, as LISTEN/NOTIFY needs: success for a
 /// direct connection (checked by backend key, one round trip) or a session-mode pooler (a test

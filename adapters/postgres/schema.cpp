@@ -279,6 +279,52 @@ std::string ungrantable_role_reason(std::string_view role) {
   return {};
 }
 
+grant_list grants_of(grant_kind kind) {
+  grant_list out;
+  switch (kind) {
+    case grant_kind::finalizer:
+      out.functions = {"complete_job(text, jsonb)"};
+      break;
+    case grant_kind::producer:
+      out.functions = {"enqueue(text, jsonb, text, int, timestamptz, int)",
+                       "enqueue_batch(text[], jsonb[], text[], int[], timestamptz[], int[])"};
+      break;
+    case grant_kind::callback:
+      out.functions = {"resume_callback(uuid, jsonb)", "extend_callback(uuid, interval)",
+                       "complete_callback(uuid, jsonb)", "fail_callback(uuid, text, boolean)"};
+      break;
+    case grant_kind::admin:
+      out.functions = {"pause_queue(text)", "resume_queue(text)", "configure_queue(text, jsonb)", "list_queues()"};
+      break;
+    case grant_kind::worker:
+      out.functions = {"claim(text, int, text)",
+                       "claim_attempts(text, int, text, text)",
+                       "heartbeat(text)",
+                       "heartbeat_batch(bigint[], bigint[], jsonb[])",
+                       "complete_job(text, jsonb)",
+                       "complete_batch(bigint[], bigint[], jsonb[])",
+                       "fail_job(text, text, boolean)",
+                       "fail_attempt(bigint, bigint, text, boolean, interval)",
+                       "snooze_attempt(bigint, bigint, interval)",
+                       "cancel_attempt(bigint, bigint, text)",
+                       "rescue_stale(interval)",
+                       "rescue_attempts(interval)",
+                       "promote_due(text, int)",
+                       "acquire_leadership(text, interval)",
+                       "release_leadership(text, bigint)",
+                       "maintain(text, bigint, interval)",
+                       "attempt_evidence(bigint, bigint)",
+                       "attempt_checkpoint(bigint, bigint)",
+                       "register_callback(bigint, bigint, interval)",
+                       "await_callback(bigint, bigint, uuid)",
+                       "worker_idle(text, text)",
+                       "worker_busy(text, text)"};
+      out.selects = {"jobs", "schema_version"};
+      break;
+  }
+  return out;
+}
+
 result<void> grant(std::string_view dsn, grant_kind kind, std::string_view role, std::string_view schema) {
   if (auto reserved = ungrantable_role_reason(role); !reserved.empty()) {
     return error{errc::invalid_argument, std::move(reserved)};
@@ -293,49 +339,7 @@ result<void> grant(std::string_view dsn, grant_kind kind, std::string_view role,
   }
   const std::string s{schema};
   const std::string r = c->quote_ident(role);
-  std::vector<std::string> functions;
-  std::vector<std::string> selects;
-  switch (kind) {
-    case grant_kind::finalizer:
-      functions = {"complete_job(text, jsonb)"};
-      break;
-    case grant_kind::producer:
-      functions = {"enqueue(text, jsonb, text, int, timestamptz, int)",
-                   "enqueue_batch(text[], jsonb[], text[], int[], timestamptz[], int[])"};
-      break;
-    case grant_kind::callback:
-      functions = {"resume_callback(uuid, jsonb)", "extend_callback(uuid, interval)",
-                   "complete_callback(uuid, jsonb)", "fail_callback(uuid, text, boolean)"};
-      break;
-    case grant_kind::admin:
-      functions = {"pause_queue(text)", "resume_queue(text)", "configure_queue(text, jsonb)", "list_queues()"};
-      break;
-    case grant_kind::worker:
-      functions = {"claim(text, int, text)",
-                   "claim_attempts(text, int, text, text)",
-                   "heartbeat(text)",
-                   "heartbeat_batch(bigint[], bigint[], jsonb[])",
-                   "complete_job(text, jsonb)",
-                   "complete_batch(bigint[], bigint[], jsonb[])",
-                   "fail_job(text, text, boolean)",
-                   "fail_attempt(bigint, bigint, text, boolean, interval)",
-                   "snooze_attempt(bigint, bigint, interval)",
-                   "cancel_attempt(bigint, bigint, text)",
-                   "rescue_stale(interval)",
-                   "rescue_attempts(interval)",
-                   "promote_due(text, int)",
-                   "acquire_leadership(text, interval)",
-                   "release_leadership(text, bigint)",
-                   "maintain(text, bigint, interval)",
-                   "attempt_evidence(bigint, bigint)",
-                   "attempt_checkpoint(bigint, bigint)",
-                   "register_callback(bigint, bigint, interval)",
-                   "await_callback(bigint, bigint, uuid)",
-                   "worker_idle(text, text)",
-                   "worker_busy(text, text)"};
-      selects = {"jobs", "schema_version"};
-      break;
-  }
+  const auto [functions, selects] = grants_of(kind);
   std::string sql = "BEGIN; GRANT USAGE ON SCHEMA " + s + " TO " + r + ";";
   for (const auto& f : functions) sql += " GRANT EXECUTE ON FUNCTION " + s + "." + f + " TO " + r + ";";
   for (const auto& t : selects) sql += " GRANT SELECT ON " + s + "." + t + " TO " + r + ";";

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "tenure/log.hpp"
+#include "tenure/postgres/session_probe.hpp"
 
 #include "connection.hpp"
 
@@ -40,12 +41,12 @@ bool notified(connection& c, const std::string& channel, std::chrono::millisecon
 
 }  // namespace
 
-result<void> require_session(const std::string& dsn, const std::string& application_name,
-                             std::chrono::milliseconds wait) {
+result<postgres::session_kind> probe_session(const std::string& dsn, const std::string& application_name,
+                                             std::chrono::milliseconds wait) {
   // Nothing is set on the sessions used here: they may be a pool's.
   TENURE_TRY(auto listener, connection::open(dsn, application_name, {}, session_use::none));
   TENURE_TRY(const bool pooled, listener->behind_pooler());
-  if (!pooled) return success();  // the server's own session: nothing can move it
+  if (!pooled) return postgres::session_kind::direct;  // the server's own session: nothing can move it
 
   // A pooler sits between. In session mode this connection keeps its server session, and a
   // notification sent to it arrives; in transaction mode the LISTEN stays on whichever server
@@ -61,7 +62,7 @@ result<void> require_session(const std::string& dsn, const std::string& applicat
   }
   if (notified(*listener, channel, wait)) {
     (void)listener->exec_script("UNLISTEN " + channel, effect::read);
-    return success();
+    return postgres::session_kind::pooled_session;
   }
   // Take the LISTEN back off the server session that holds it, if the pooler hands that one
   // out again soon (a pool reuses its most recently released session first); otherwise it
@@ -70,6 +71,13 @@ result<void> require_session(const std::string& dsn, const std::string& applicat
     auto unlistened = listener->exec_script("UNLISTEN " + channel + "; SELECT pg_catalog.pg_backend_pid()", effect::read);
     if (unlistened && unlistened.value().int64(0, 0) == listening_pid) break;
   }
+  return postgres::session_kind::pooled_without_session;
+}
+
+result<void> require_session(const std::string& dsn, const std::string& application_name,
+                             std::chrono::milliseconds wait) {
+  TENURE_TRY(const auto kind, probe_session(dsn, application_name, wait));
+  if (kind != postgres::session_kind::pooled_without_session) return success();
   const std::string why =
         "the runtime needs a database session of its own (LISTEN/NOTIFY for wake-ups, cancellations and "
         "callbacks), but its connection goes through a pooler that does not keep one: a notification sent to "
@@ -83,3 +91,11 @@ result<void> require_session(const std::string& dsn, const std::string& applicat
 }
 
 }  // namespace tenure::postgres::detail
+
+namespace tenure::postgres {
+
+result<session_kind> probe_session(std::string_view dsn, std::chrono::milliseconds wait) {
+  return detail::probe_session(std::string{dsn}, {}, wait);
+}
+
+}  // namespace tenure::postgres

@@ -21,6 +21,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "migrations.hpp"  // migrate_up_to: installs an older schema version
+
 extern char** environ;
 
 namespace {
@@ -1145,4 +1147,238 @@ TEST_F(cli_pooler, errors_through_transaction_pooling_are_still_one_line) {
   expect_one_error_line(tenure({"job", "show", "424242"}), 1, "job 424242 not found");
   expect_one_error_line(tenure({"job", "show", "424242"}), 1, "job 424242 not found");
   expect_one_error_line(tenure({"enqueue", "k", "--args", "{"}), 1, "--args is not valid JSON");
+}
+
+// ---- doctor ------------------------------------------------------------------------------------
+
+namespace {
+
+/// The findings of one check in a doctor document.
+std::vector<nlohmann::json> findings_of(const nlohmann::json& doc, const std::string& check) {
+  std::vector<nlohmann::json> out;
+  for (const auto& f : doc["findings"]) {
+    if (f["check"] == check) out.push_back(f);
+  }
+  return out;
+}
+
+/// The one finding of `check` at `severity` whose text holds `needle` (fails the test when none).
+nlohmann::json finding_with(const nlohmann::json& doc, const std::string& check, const std::string& severity,
+                            const std::string& needle) {
+  for (const auto& f : findings_of(doc, check)) {
+    if (f["severity"] == severity && f["found"].get<std::string>().find(needle) != std::string::npos) return f;
+  }
+  ADD_FAILURE() << "no " << severity << " finding of " << check << " holding '" << needle << "' in\n"
+                << doc.dump(2);
+  return {};
+}
+
+/// Every check but `check` is ok: a finding fires for its own cause only.
+void expect_only(const nlohmann::json& doc, const std::string& check) {
+  for (const auto& f : doc["findings"]) {
+    if (f["check"] != check) {
+      EXPECT_EQ(f["severity"], "ok") << f.dump(2);
+    }
+  }
+}
+
+}  // namespace
+
+class cli_doctor : public cli_pg {
+ protected:
+  std::pair<run_result, nlohmann::json> doctor(std::vector<std::string> extra = {}) {
+    extra.insert(extra.begin(), {"doctor", "--json"});
+    auto r = tenure(extra);
+    EXPECT_EQ(r.err, "") << r;
+    nlohmann::json doc = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+    EXPECT_FALSE(doc.is_discarded()) << r;
+    return {r, doc};
+  }
+
+  /// Claims one job of `queue` as a worker that never comes back; returns its job id.
+  std::string claim_and_vanish(const std::string& queue) {
+    return *db_->exec("SELECT job_id FROM " + schema_ + ".claim_attempts('" + queue + "', 1, 'vanished-worker')");
+  }
+};
+
+TEST_F(cli_doctor, a_fresh_installation_with_every_grant_is_healthy) {
+  migrate();
+  const auto role = create_role();
+  for (const char* grant : {"grant-worker", "grant-producer", "grant-finalizer", "grant-callback", "grant-admin"}) {
+    expect_success(tenure({grant, role}));
+  }
+  enqueue({"send_email"});
+  auto [r, doc] = doctor();
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(doc["healthy"], true) << r;
+  std::vector<std::string> checks;
+  for (const auto& f : doc["findings"]) {
+    EXPECT_EQ(f["severity"], "ok") << f.dump(2);
+    checks.push_back(f["check"]);
+  }
+  EXPECT_EQ(checks, (std::vector<std::string>{"schema_version", "schema_control", "privileges", "security_definer",
+                                              "stale_attempts", "queue_age", "retention", "vacuum", "pooler"}));
+  EXPECT_EQ(findings_of(doc, "pooler").at(0)["details"]["session"], "direct");
+
+  const auto text = tenure({"doctor"});
+  expect_success(text);
+  EXPECT_TRUE(text.out.starts_with("tenure doctor: schema " + schema_ + "\n[ok]      schema_version: ")) << text;
+  EXPECT_TRUE(text.out.ends_with("healthy: every check is ok\n")) << text;
+}
+
+TEST_F(cli_doctor, an_older_schema_says_run_migrate_and_a_newer_one_says_upgrade_the_binary) {
+  auto older = tenure::postgres::detail::migrate_up_to(dsn_, schema_, 7);
+  ASSERT_TRUE(older) << older.error().detail();
+  auto [r, doc] = doctor();
+  EXPECT_EQ(r.exit_code, 1) << r;
+  const auto f = finding_with(doc, "schema_version", "error", "version 7, older than this binary's 8");
+  EXPECT_NE(f["fix"].get<std::string>().find("tenure migrate"), std::string::npos) << f;
+  EXPECT_EQ(f["details"]["installed"], 7);
+  finding_with(doc, "stale_attempts", "warning", "not checked");
+
+  migrate();
+  db_->exec("INSERT INTO " + schema_ + ".schema_version (version, name) VALUES (9, 'from the future')");
+  auto [newer, newer_doc] = doctor();
+  EXPECT_EQ(newer.exit_code, 1) << newer;
+  const auto g = finding_with(newer_doc, "schema_version", "error", "version 9, newer than this binary's 8");
+  EXPECT_NE(g["fix"].get<std::string>().find("upgrade the tenure binary"), std::string::npos) << g;
+}
+
+TEST_F(cli_doctor, execute_granted_to_public_and_privileges_beyond_grants_are_named) {
+  migrate();
+  const auto role = create_role();
+  expect_success(tenure({"grant-producer", role}));
+  db_->exec("GRANT EXECUTE ON FUNCTION " + schema_ + ".complete_job(text, jsonb) TO PUBLIC");
+  db_->exec("GRANT INSERT ON " + schema_ + ".done TO " + role);
+  auto [r, doc] = doctor();
+  EXPECT_EQ(r.exit_code, 1) << r;
+  const auto pub = finding_with(doc, "privileges", "error", "PUBLIC (every role) holds EXECUTE on function " +
+                                                                schema_ + ".complete_job(text,jsonb)");
+  EXPECT_EQ(pub["details"]["role"], "PUBLIC");
+  EXPECT_EQ(pub["details"]["privilege"], "EXECUTE");
+  EXPECT_EQ(pub["fix"], "REVOKE EXECUTE ON FUNCTION " + schema_ +
+                            ".complete_job(text,jsonb) FROM PUBLIC CASCADE; give roles access only through tenure "
+                            "grant-*");
+  const auto beyond = finding_with(doc, "privileges", "error", "role " + role + " holds INSERT on table " + schema_ +
+                                                                   ".done, which no tenure grant-* gives");
+  EXPECT_EQ(beyond["details"]["object"], schema_ + ".done");
+  EXPECT_EQ(findings_of(doc, "privileges").size(), 2u) << doc.dump(2);  // the producer's own grants are fine
+  expect_only(doc, "privileges");
+
+  db_->exec("REVOKE EXECUTE ON FUNCTION " + schema_ + ".complete_job(text, jsonb) FROM PUBLIC");
+  db_->exec("REVOKE INSERT ON " + schema_ + ".done FROM " + role);
+  EXPECT_EQ(doctor().first.exit_code, 0);
+}
+
+TEST_F(cli_doctor, a_security_definer_function_without_search_path_is_named) {
+  migrate();
+  db_->exec("CREATE FUNCTION " + schema_ + ".report() RETURNS bigint LANGUAGE sql SECURITY DEFINER AS "
+            "'SELECT count(*) FROM " + schema_ + ".done'");
+  db_->exec("REVOKE ALL ON FUNCTION " + schema_ + ".report() FROM PUBLIC");
+  auto [r, doc] = doctor();
+  EXPECT_EQ(r.exit_code, 1) << r;
+  const auto f = finding_with(doc, "security_definer", "error", "function " + schema_ + ".report() has no search_path");
+  EXPECT_NE(f["fix"].get<std::string>().find("ALTER FUNCTION " + schema_ + ".report() SET search_path = pg_catalog, pg_temp"),
+            std::string::npos) << f;
+  expect_only(doc, "security_definer");
+}
+
+TEST_F(cli_doctor, a_stale_open_attempt_with_no_rescue_running_is_named) {
+  migrate();
+  enqueue({"send_email", "--queue", "mail"});
+  const auto job = claim_and_vanish("mail");
+  db_->exec("UPDATE " + schema_ + ".receipts SET claimed_at = now() - interval '10 minutes'");
+  auto [r, doc] = doctor();
+  EXPECT_EQ(r.exit_code, 1) << r;
+  const auto f = finding_with(doc, "stale_attempts", "error", "1 open attempt(s) past their staleness");
+  EXPECT_NE(f["found"].get<std::string>().find(": job " + job + " (queue mail, worker vanished-worker, no heartbeat, "
+                                               "silent 10m). Their workers are gone and rescue has not closed them: "
+                                               "no process has ever held the maintenance lease"),
+            std::string::npos) << f;
+  EXPECT_EQ(f["details"]["maintenance_lease_live"], false);
+  EXPECT_EQ(f["details"]["oldest"][0]["job_id"].dump(), job);
+  EXPECT_EQ(f["details"]["oldest"][0]["worker"], "vanished-worker");
+  EXPECT_NE(f["fix"].get<std::string>().find("tenure maintain"), std::string::npos) << f;
+  expect_only(doc, "stale_attempts");
+  // Not stale yet by a longer staleness.
+  EXPECT_EQ(doctor({"--stale-after", "3600"}).first.exit_code, 0);
+  // A live lease holder should rescue it: a warning naming that holder.
+  db_->exec("SELECT " + schema_ + ".acquire_leadership('frozen-leader', '1 hour')");
+  auto [held, held_doc] = doctor();
+  EXPECT_EQ(held.exit_code, 1) << held;
+  const auto g = finding_with(held_doc, "stale_attempts", "warning", "the maintenance lease is held by frozen-leader");
+  EXPECT_EQ(g["details"]["maintenance_lease_live"], true);
+}
+
+TEST_F(cli_doctor, an_old_available_job_is_named_per_queue_and_printed_safely) {
+  migrate();
+  // enqueue refuses control characters in a queue name; a row written by hand may hold one.
+  const std::string queue = "mail\x1b[2J";
+  enqueue({"send_email", "--queue", "mail"});
+  enqueue({"send_email", "--queue", "fresh"});
+  db_->exec("UPDATE " + schema_ + ".ready SET run_at = now() - interval '2 hours', queue = 'mail' || chr(27) || '[2J' "
+            "WHERE queue = 'mail'");
+  auto [r, doc] = doctor();
+  EXPECT_EQ(r.exit_code, 1) << r;
+  const auto f = finding_with(doc, "queue_age", "warning", "oldest available job has waited 2h");
+  EXPECT_EQ(f["details"]["queue"], queue);
+  EXPECT_EQ(findings_of(doc, "queue_age").size(), 1u) << doc.dump(2);
+  expect_only(doc, "queue_age");
+
+  const auto text = tenure({"doctor"});
+  EXPECT_EQ(text.exit_code, 1) << text;
+  EXPECT_EQ(text.out.find('\x1b'), std::string::npos) << text;
+  EXPECT_NE(text.out.find("[warning] queue_age: queue mail\\x1B[2J: oldest available job has waited 2h"),
+            std::string::npos) << text;
+  EXPECT_EQ(doctor({"--max-queue-age", "3h"}).first.exit_code, 0);
+}
+
+TEST_F(cli_doctor, finished_jobs_kept_past_their_retention_are_named) {
+  migrate();
+  const auto id = enqueue({"send_email", "--queue", "mail"});
+  expect_success(tenure({"job", "cancel", std::to_string(id)}));
+  expect_success(tenure({"queue", "configure", "mail", "--retain-cancelled", "1h"}));
+  db_->exec("UPDATE " + schema_ + ".done SET finalized_at = now() - interval '3 days'");
+  auto [r, doc] = doctor();
+  EXPECT_EQ(r.exit_code, 1) << r;
+  const auto f = finding_with(doc, "retention", "warning", "queue mail: 1 cancelled job(s) kept past their retention of 1h");
+  EXPECT_EQ(f["details"]["expired"], 1);
+  expect_only(doc, "retention");
+  expect_success(tenure({"maintain", "--once"}));
+  EXPECT_EQ(doctor().first.exit_code, 0);
+}
+
+TEST_F(cli_doctor, autovacuum_disabled_on_a_queue_table_is_named) {
+  migrate();
+  db_->exec("ALTER TABLE " + schema_ + ".ready SET (autovacuum_enabled = off)");
+  auto [r, doc] = doctor();
+  EXPECT_EQ(r.exit_code, 1) << r;
+  const auto f = finding_with(doc, "vacuum", "warning", "autovacuum is disabled on table " + schema_ + ".ready");
+  EXPECT_EQ(f["fix"], "ALTER TABLE " + schema_ + ".ready RESET (autovacuum_enabled)");
+  expect_only(doc, "vacuum");
+}
+
+TEST_F(cli_doctor, bad_flags_are_usage_errors_and_an_unreachable_database_is_one_line) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"doctor", "--max-queue-age", "5 minutes"}, {"doctor", "--stale-after", "nan"},
+        {"doctor", "--retention-grace", "-1h"}, {"doctor", "--frobnicate"}, {"doctor", "extra"}}) {
+    SCOPED_TRACE(args[1]);
+    expect_one_error_line(tenure(args), 2, "");
+  }
+  expect_one_error_line(run_tenure({"doctor"}), 2, "DATABASE_URL");
+  expect_one_error_line(run_tenure({"--database-url", k_unreachable, "doctor"}), 1, "cannot connect to the database");
+}
+
+/// Through the transaction pooler (TENURE_TEST_POOLER_DSN): every check runs, and the pooler
+/// check says a runtime could not use this DSN.
+class cli_doctor_pooler : public cli_pooler {};
+
+TEST_F(cli_doctor_pooler, a_transaction_pooler_is_named_as_unfit_for_a_runtime) {
+  migrate();
+  auto r = tenure({"doctor", "--json"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  const auto doc = nlohmann::json::parse(r.out);
+  const auto f = finding_with(doc, "pooler", "warning", "does not keep a server session per client");
+  EXPECT_EQ(f["details"]["session"], "pooled_without_session");
+  expect_only(doc, "pooler");
 }

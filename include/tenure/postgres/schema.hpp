@@ -6,6 +6,7 @@
 /// they return a tenure::error: its code, and a one-line explanation (with the fix) as its detail.
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "tenure/result.hpp"
 #include "tenure/schema_name.hpp"
@@ -53,6 +54,16 @@ enum class grant_kind {
   callback,   ///< USAGE + EXECUTE on resume/extend/complete/fail_callback (external systems)
   admin,      ///< USAGE + EXECUTE on pause_queue, resume_queue, configure_queue, list_queues (operators)
 };
+
+/// What grant() gives a role of one kind besides USAGE on the schema: EXECUTE on `functions`
+/// (name and argument types as SQL spells them, e.g. "complete_job(text, jsonb)") and SELECT on
+/// `selects` (a view and a table), all in the tenure schema. A health check compares the
+/// privileges roles hold with these.
+struct grant_list {
+  std::vector<std::string> functions;
+  std::vector<std::string> selects;
+};
+grant_list grants_of(grant_kind kind);
 
 /// Why `role` may not be granted tenure's rights, or an empty string when it may: PUBLIC (every
 /// role; "public" in any case, as PostgreSQL reads even the quoted name "public" as PUBLIC), the
