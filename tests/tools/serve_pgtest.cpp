@@ -21,6 +21,7 @@
 #include <random>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -146,9 +147,9 @@ reply send_raw(int port, const std::string& raw) {
 }
 
 reply request(int port, const std::string& method, const std::string& target,
-              const std::vector<std::string>& headers = {}) {
-  std::string raw = method + " " + target + " HTTP/1.1\r\nHost: 127.0.0.1:" + std::to_string(port) +
-                    "\r\nConnection: close\r\n";
+              const std::vector<std::string>& headers = {}, const std::string& host = "") {
+  std::string raw = method + " " + target + " HTTP/1.1\r\nHost: " +
+                    (host.empty() ? "127.0.0.1:" + std::to_string(port) : host) + "\r\nConnection: close\r\n";
   for (const auto& h : headers) raw += h + "\r\n";
   if (method == "POST") raw += "Content-Length: 0\r\n";
   return send_raw(port, raw + "\r\n");
@@ -396,6 +397,34 @@ TEST_F(serve_pg, a_silent_client_does_not_block_another) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
   close(silent);
   close(idle);
+}
+
+TEST_F(serve_pg, a_request_for_another_host_name_is_refused_on_loopback) {
+  // A page of another site whose name resolves to 127.0.0.1 (DNS rebinding) sends its own Host.
+  for (const std::string host : {std::string{"evil.example"}, "evil.example:" + std::to_string(port()), std::string{"127.0.0.1.evil.example"}}) {
+    const auto r = request(port(), "GET", "/api/jobs/" + std::to_string(hostile_), {}, host);
+    EXPECT_EQ(r.status, 421) << host << r.body;
+    EXPECT_EQ(r.body.find("pwned"), std::string::npos);
+  }
+  for (const std::string host : {"localhost:" + std::to_string(port()), std::string{"127.0.0.2"}, "[::1]:" + std::to_string(port())}) {
+    EXPECT_EQ(request(port(), "GET", "/api/queues", {}, host).status, 200) << host;
+  }
+}
+
+TEST_F(serve_pg, connections_past_the_cap_are_closed_and_the_server_recovers) {
+  std::vector<int> held;
+  for (int i = 0; i < 128; ++i) held.push_back(connect_to(port()));  // the cap, all silent
+  std::this_thread::sleep_for(200ms);                                   // accepted by now
+  const auto refused = request(port(), "GET", "/api/queues");
+  EXPECT_EQ(refused.status, 0) << "connection 129 was served: " << refused.head;
+  for (int fd : held) close(fd);
+  // The server notices the closed connections at once (end of stream), not at their deadline.
+  int status = 0;
+  for (int i = 0; i < 50 && status != 200; ++i) {
+    std::this_thread::sleep_for(20ms);
+    status = request(port(), "GET", "/api/queues").status;
+  }
+  EXPECT_EQ(status, 200);
 }
 
 TEST_F(serve_pg, metrics_count_requests_by_route_and_status) {

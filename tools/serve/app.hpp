@@ -19,6 +19,10 @@ struct app_config {
   std::string schema = "tenure";
   /// Empty: actions are off (no --token-file, or --read-only); every action answers 403.
   std::string token;
+  /// Listening on loopback: only requests whose Host names a loopback address (127.x.y.z, [::1],
+  /// localhost), with any port, are answered; another Host is a 421. A page of another site whose
+  /// name was made to resolve to 127.0.0.1 (DNS rebinding) cannot read the dashboard.
+  bool loopback_hosts_only = true;
 };
 
 class app {

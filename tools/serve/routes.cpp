@@ -8,6 +8,8 @@
 #include <optional>
 #include <vector>
 
+#include <boost/asio/ip/address.hpp>
+
 #include "cli/admin.hpp"
 #include "cli/context.hpp"
 #include "serve/assets.hpp"
@@ -254,9 +256,32 @@ void require_get(const request& req) {
   if (req.method() != http::verb::get) throw http_error(405, "only GET here", "GET");
 }
 
+/// A Host header naming a loopback address, with or without a port.
+bool loopback_host(std::string_view host) {
+  if (host.starts_with("[")) {
+    const auto close = host.find(']');
+    if (close == std::string_view::npos) return false;
+    const auto rest = host.substr(close + 1);
+    return host.substr(1, close - 1) == "::1" && (rest.empty() || rest.starts_with(":"));
+  }
+  const auto colon = host.find(':');
+  const auto name = host.substr(0, colon);
+  if (name == "localhost") return true;
+  boost::system::error_code ec;
+  const auto addr = boost::asio::ip::make_address_v4(std::string{name}, ec);
+  return !ec && addr.is_loopback();
+}
+
 }  // namespace
 
 response dispatch(app& a, const request& req, route_info& info) {
+  if (a.config().loopback_hosts_only) {
+    // HTTP/1.1 always names the host; a client that sends none is no browser (rebinding needs one).
+    if (auto host = req.find(http::field::host);
+        host != req.end() && !loopback_host(std::string_view{host->value().data(), host->value().size()})) {
+      throw http_error(421, "this dashboard answers only requests addressed to a loopback host");
+    }
+  }
   const auto t = parse_target(std::string_view{req.target().data(), req.target().size()});
   const auto& s = t.segments;
   const auto n = s.size();

@@ -30,6 +30,7 @@ std::pair<std::string, std::uint16_t> parse_listen(const std::string& text) {
   std::string host = text.substr(0, colon);
   const std::string port_text = text.substr(colon + 1);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host == "localhost") host = "127.0.0.1";
   unsigned port = 0;
   const auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
   if (port_text.empty() || ec != std::errc{} || end != port_text.data() + port_text.size() || port > 65535) {
@@ -79,6 +80,7 @@ int run_serve(const context& ctx, const serve_options& o) {
   config.dsn = ctx.dsn();
   config.schema = ctx.schema;
   if (!o.read_only && !o.token_file.empty()) config.token = read_token(o.token_file);
+  config.loopback_hosts_only = loopback(host);
 
   postgres::store_options options;
   options.dsn = config.dsn;
