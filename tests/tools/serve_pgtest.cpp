@@ -427,6 +427,26 @@ TEST_F(serve_pg, connections_past_the_cap_are_closed_and_the_server_recovers) {
   EXPECT_EQ(status, 200);
 }
 
+TEST_F(serve_pg, a_failing_database_is_a_5xx_counted_in_metrics_and_the_server_keeps_answering) {
+  const std::string other = "serve_" + random_hex(12);
+  {
+    serve_process migrate({"--database-url", dsn_, "--schema", other, "migrate"});
+    ASSERT_EQ(migrate.wait_exit(), 0);
+  }
+  serve_process p({"--database-url", dsn_, "--schema", other, "serve", "--listen", "127.0.0.1:0"});
+  ASSERT_NE(p.port(), 0) << p.first_line();
+  EXPECT_EQ(request(p.port(), "GET", "/api/queues").status, 200);
+  sql(dsn_, "DROP SCHEMA " + other + " CASCADE");
+  const auto r = request(p.port(), "GET", "/api/queues");
+  EXPECT_EQ(r.status, 500) << r.body;
+  EXPECT_TRUE(r.json().contains("error"));
+  EXPECT_EQ(request(p.port(), "GET", "/").status, 500);
+  const auto m = request(p.port(), "GET", "/metrics");
+  EXPECT_EQ(m.status, 200);
+  EXPECT_NE(m.body.find("tenure_serve_database_errors_total 2"), std::string::npos) << m.body;
+  EXPECT_NE(m.body.find("tenure_serve_requests_total{route=\"/api/queues\",status=\"500\"} 1"), std::string::npos);
+}
+
 TEST_F(serve_pg, metrics_count_requests_by_route_and_status) {
   for (int i = 0; i < 3; ++i) request(port(), "GET", "/api/jobs/not-a-number");
   const auto r = request(port(), "GET", "/metrics");
