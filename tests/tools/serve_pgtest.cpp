@@ -293,7 +293,7 @@ TEST_F(serve_pg, action_with_a_wrong_token_is_401_and_changes_nothing) {
 }
 
 TEST_F(serve_pg, get_on_an_action_route_is_405) {
-  for (const std::string target : {"/api/jobs/" + std::to_string(failed_) + "/retry", std::string{"/api/queues/mail/pause"}}) {
+  for (const std::string& target : {"/api/jobs/" + std::to_string(failed_) + "/retry", std::string{"/api/queues/mail/pause"}}) {
     const auto r = request(port(), "GET", target, {bearer()});
     EXPECT_EQ(r.status, 405) << target;
     EXPECT_TRUE(r.has_header("Allow: POST")) << r.head;
@@ -401,12 +401,12 @@ TEST_F(serve_pg, a_silent_client_does_not_block_another) {
 
 TEST_F(serve_pg, a_request_for_another_host_name_is_refused_on_loopback) {
   // A page of another site whose name resolves to 127.0.0.1 (DNS rebinding) sends its own Host.
-  for (const std::string host : {std::string{"evil.example"}, "evil.example:" + std::to_string(port()), std::string{"127.0.0.1.evil.example"}}) {
+  for (const std::string& host : {std::string{"evil.example"}, "evil.example:" + std::to_string(port()), std::string{"127.0.0.1.evil.example"}}) {
     const auto r = request(port(), "GET", "/api/jobs/" + std::to_string(hostile_), {}, host);
     EXPECT_EQ(r.status, 421) << host << r.body;
     EXPECT_EQ(r.body.find("pwned"), std::string::npos);
   }
-  for (const std::string host : {"localhost:" + std::to_string(port()), std::string{"127.0.0.2"}, "[::1]:" + std::to_string(port())}) {
+  for (const std::string& host : {"localhost:" + std::to_string(port()), std::string{"127.0.0.2"}, "[::1]:" + std::to_string(port())}) {
     EXPECT_EQ(request(port(), "GET", "/api/queues", {}, host).status, 200) << host;
   }
 }
