@@ -84,7 +84,7 @@ def main():
         for a in ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1200,760"]:
             o.add_argument(a)
         driver = webdriver.Chrome(options=o)
-        wait = WebDriverWait(driver, 10)
+        wait = WebDriverWait(driver, 20)  # generous: CI runs tests two at a time
 
         # / : queues with their counts per state.
         driver.get(base + "/")
