@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/admin.hpp"
 #include "cli/commands.hpp"
 #include "cli/number_text.hpp"
 #include "cli/pg_session.hpp"
@@ -27,43 +28,7 @@ job_info read_or_fail(postgres::store& store, std::int64_t id) {
   return std::move(job).value();
 }
 
-/// Stored JSON as a JSON value (the store hands it over as text); the raw text if it is not JSON.
-nlohmann::ordered_json json_value(const std::string& text) {
-  auto v = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
-  return v.is_discarded() ? nlohmann::ordered_json(text) : v;
-}
-
-void print_json(const job_info& j) {
-  nlohmann::ordered_json out;
-  out["id"] = j.id;
-  out["kind"] = j.kind;
-  out["queue"] = j.queue;
-  out["state"] = std::string{to_string(j.state)};
-  out["args"] = nullptr;  // replaced below by the text the database holds
-  out["priority"] = j.priority;
-  out["attempt"] = j.attempt;
-  out["max_attempts"] = j.max_attempts;
-  out["run_lease"] = j.run_lease;
-  out["run_at"] = format_iso8601(j.run_at);
-  out["created_at"] = format_iso8601(j.created_at);
-  out["finalized_at"] = j.finalized_at ? nlohmann::ordered_json(format_iso8601(*j.finalized_at)) : nullptr;
-  out["last_error"] = j.last_error ? nlohmann::ordered_json(*j.last_error) : nullptr;
-  out["progress"] = j.progress ? json_value(*j.progress) : nullptr;
-  out["dead_lettered"] = j.dead_lettered;
-  // args go out as the JSON text the database holds (jsonb's own text, which is valid JSON), not
-  // through a parse: a number no double holds (1e1000) or an integer past 64 bits would be
-  // changed or lost on the way. Members are printed one by one to splice that text in.
-  std::string text = "{";
-  bool first = true;
-  for (const auto& [key, value] : out.items()) {
-    text += first ? "\n  " : ",\n  ";
-    first = false;
-    text += nlohmann::ordered_json(key).dump() + ": ";
-    text += key == "args" ? j.args : value.dump();
-  }
-  text += "\n}";
-  std::cout << text << '\n';
-}
+void print_json(const job_info& j) { std::cout << admin::job_json_text(admin::job_fields(j), j.args, 2) << '\n'; }
 
 void print_text(const job_info& j) {
   auto field = [](const char* name, const std::string& value) {
@@ -136,76 +101,27 @@ int run_retry(const context& ctx, std::int64_t id) {
 
 // ---- many jobs: list, bulk retry and cancel ------------------------------------------------------
 
-struct job_filter {
-  std::string state, queue, kind;
-  bool any() const { return !state.empty() || !queue.empty() || !kind.empty(); }
-};
-
-/// " AND ..." for the filter, with its parameters appended to `params` ($n numbered from there).
-std::string where_of(const job_filter& f, std::vector<std::string>& params) {
-  std::string sql;
-  auto add = [&](const char* column, const std::string& value) {
-    if (value.empty()) return;
-    params.push_back(value);
-    sql += std::string{" AND "} + column + " = $" + std::to_string(params.size());
-  };
-  add("state", f.state);
-  add("queue", f.queue);
-  add("kind", f.kind);
-  return sql;
-}
+using admin::job_filter;
+using admin::where_of;
 
 int run_list(const context& ctx, const job_filter& f, int limit, std::int64_t after_id, bool json) {
   require_current_schema(ctx);
   pg_session db(ctx.dsn());
-  std::vector<std::string> params;
-  std::string sql = "SELECT id, state, queue, kind, attempt, max_attempts, "
-                    "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), "
-                    "to_char(finalized_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), last_error, "
-                    "dead_lettered FROM " + db.quote_ident(ctx.schema) + ".jobs WHERE true" + where_of(f, params);
-  if (after_id > 0) {
-    params.push_back(std::to_string(after_id));
-    sql += " AND id < $" + std::to_string(params.size()) + "::bigint";
-  }
-  params.push_back(std::to_string(limit));
-  sql += " ORDER BY id DESC LIMIT $" + std::to_string(params.size()) + "::int";
-  const auto rows = db.query(sql, params, "cannot list jobs");
-  auto text = [](const std::optional<std::string>& v) { return v.value_or(""); };
-  // A full page may have more after it: the keyset to ask for the next one.
-  const std::optional<std::string> next =
-      static_cast<int>(rows.size()) == limit && !rows.empty() ? rows.back()[0] : std::nullopt;
+  const auto page = admin::list_jobs(db, ctx.schema, f, limit, after_id);
   if (json) {
-    nlohmann::ordered_json out;
-    out["jobs"] = nlohmann::ordered_json::array();
-    for (const auto& r : rows) {
-      nlohmann::ordered_json j;
-      j["id"] = std::stoll(text(r[0]));
-      j["state"] = text(r[1]);
-      j["queue"] = text(r[2]);
-      j["kind"] = text(r[3]);
-      j["attempt"] = std::stoi(text(r[4]));
-      j["max_attempts"] = std::stoi(text(r[5]));
-      j["created_at"] = text(r[6]);
-      j["finalized_at"] = r[7] ? nlohmann::ordered_json(*r[7]) : nullptr;
-      j["last_error"] = r[8] ? nlohmann::ordered_json(*r[8]) : nullptr;
-      j["dead_lettered"] = text(r[9]) == "t";
-      out["jobs"].push_back(std::move(j));
-    }
-    out["next_after_id"] = next ? nlohmann::ordered_json(std::stoll(*next)) : nullptr;
-    std::cout << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+    std::cout << admin::to_json(page).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
     return k_exit_ok;
   }
-  if (rows.empty()) {
+  if (page.jobs.empty()) {
     std::cout << "no jobs\n";
     return k_exit_ok;
   }
-  for (const auto& r : rows) {
-    std::cout << std::left << std::setw(10) << text(r[0]) << ' ' << std::setw(16)
-              << (text(r[1]) + (text(r[9]) == "t" ? "*" : "")) << ' ' << printable(text(r[2])) << ' '
-              << printable(text(r[3])) << " attempt " << text(r[4]) << '/' << text(r[5]) << " created "
-              << text(r[6]) << '\n';
+  for (const auto& r : page.jobs) {
+    std::cout << std::left << std::setw(10) << r.id << ' ' << std::setw(16) << (r.state + (r.dead_lettered ? "*" : ""))
+              << ' ' << printable(r.queue) << ' ' << printable(r.kind) << " attempt " << r.attempt << '/'
+              << r.max_attempts << " created " << r.created_at << '\n';
   }
-  if (next) std::cout << "more: --after-id " << *next << '\n';
+  if (page.next_after_id) std::cout << "more: --after-id " << *page.next_after_id << '\n';
   return k_exit_ok;
 }
 

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/admin.hpp"
 #include "cli/commands.hpp"
 #include "cli/pg_session.hpp"
 #include "cli/time_text.hpp"
@@ -20,51 +21,12 @@ namespace {
 
 using ordered_json = nlohmann::ordered_json;
 
-/// The settings keys and job states in the order they are printed.
-constexpr const char* k_setting_keys[] = {"dead_letter",      "hard_deadline",    "backoff_base", "backoff_cap",
-                                          "retain_completed", "retain_cancelled", "retain_failed"};
-constexpr const char* k_state_keys[] = {"scheduled", "available", "running",  "waiting_external",
-                                        "retryable", "completed", "failed",   "cancelled"};
+using admin::queue_row;
 
-struct queue_row {
-  std::string name;
-  bool paused = false;
-  ordered_json settings;
-  ordered_json counts;
-  std::optional<double> oldest_available_seconds;
-};
-
-/// Parsed JSON from the database, keys put in `order` (jsonb keeps its own order).
-ordered_json ordered(const std::optional<std::string>& text, const auto& order) {
-  ordered_json out = ordered_json::object();
-  if (!text) return out;
-  auto v = ordered_json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (!v.is_object()) return out;
-  for (const char* key : order) out[key] = v.contains(key) ? v[key] : ordered_json();
-  return out;
-}
-
-/// Every queue (with jobs or settings), through list_queues() (granted by grant-admin).
-std::vector<queue_row> read_queues(const context& ctx, const std::optional<std::string>& only = std::nullopt) {
+std::vector<queue_row> read_queues(const context& ctx) {
   require_current_schema(ctx);
   pg_session db(ctx.dsn());
-  const auto rows = db.query("SELECT queue, paused, settings::text, counts::text, extract(epoch FROM oldest_available) "
-                             "FROM " + db.quote_ident(ctx.schema) + ".list_queues() q "
-                             "WHERE $1 = '' OR q.queue = $1",
-                             {only.value_or("")}, "cannot list queues");
-  std::vector<queue_row> out;
-  for (const auto& r : rows) {
-    if (!r[0]) continue;
-    if (only && *r[0] != *only) continue;
-    queue_row q;
-    q.name = *r[0];
-    q.paused = r[1] && *r[1] == "t";
-    q.settings = ordered(r[2], k_setting_keys);
-    q.counts = ordered(r[3], k_state_keys);
-    if (r[4]) q.oldest_available_seconds = std::strtod(r[4]->c_str(), nullptr);
-    out.push_back(std::move(q));
-  }
-  return out;
+  return admin::read_queues(db, ctx.schema);
 }
 
 std::string setting_text(const ordered_json& v) {
@@ -95,16 +57,7 @@ int run_list(const context& ctx, bool json) {
     ordered_json out;
     out["schema"] = ctx.schema;
     out["queues"] = ordered_json::array();
-    for (const auto& q : queues) {
-      ordered_json item;
-      item["name"] = q.name;
-      item["paused"] = q.paused;
-      item["settings"] = q.settings;
-      item["counts"] = q.counts;
-      item["oldest_available_seconds"] =
-          q.oldest_available_seconds ? ordered_json(*q.oldest_available_seconds) : ordered_json();
-      out["queues"].push_back(std::move(item));
-    }
+    for (const auto& q : queues) out["queues"].push_back(admin::to_json(q));
     // A queue name is user data: invalid UTF-8 becomes U+FFFD instead of an exception.
     std::cout << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
     return k_exit_ok;
@@ -140,9 +93,16 @@ std::vector<pg_session::row> admin_call(const context& ctx, const std::string& c
 
 int run_pause(const context& ctx, const std::string& queue, bool pause) {
   const std::string name = "queue " + printable(queue);
-  const auto rows = admin_call(ctx, pause ? "pause_queue($1)" : "resume_queue($1)", {queue},
-                               std::string{"cannot "} + (pause ? "pause " : "resume ") + name);
-  const bool changed = !rows.empty() && rows[0][0] && *rows[0][0] == "t";
+  require_current_schema(ctx);
+  pg_session db(ctx.dsn());
+  bool changed = false;
+  try {
+    changed = admin::set_paused(db, ctx.schema, queue, pause);
+  } catch (const command_error& e) {
+    // A name the database refuses is the command line's fault.
+    if (db.last_sqlstate().starts_with("22")) throw command_error(e.what(), k_exit_usage);
+    throw;
+  }
   if (pause) {
     std::cout << name << (changed ? " paused: no worker claims its jobs until it is resumed" : " was already paused")
               << '\n';
@@ -181,7 +141,7 @@ int run_configure(const context& ctx, const configure_options& o) {
   const auto rows = admin_call(ctx, "configure_queue($1, $2::jsonb)::text", {o.queue, settings.dump()},
                                "cannot configure " + name);
   std::cout << name << " configured\n";
-  if (!rows.empty()) print_settings_line(ordered(rows[0][0], k_setting_keys));
+  if (!rows.empty()) print_settings_line(admin::ordered_settings(rows[0][0]));
   return k_exit_ok;
 }
 

@@ -1,0 +1,43 @@
+#pragma once
+/// \file
+/// The routes of `tenure serve` (routes.cpp) and what they share with app.cpp.
+#include <stdexcept>
+#include <string>
+
+#include "serve/app.hpp"
+#include "serve/http.hpp"
+
+namespace tenure::serve {
+
+/// What the request was, for the metrics label and the error format.
+struct route_info {
+  std::string route = "(unknown)";  ///< the pattern, e.g. /api/jobs/{id}
+  bool html = false;                ///< a page: errors are pages too
+};
+
+/// A request the dashboard refuses: 4xx with the message.
+struct http_error : std::runtime_error {
+  http_error(unsigned s, const std::string& message, std::string allow_methods = {})
+      : std::runtime_error(message), status(s), allow(std::move(allow_methods)) {}
+  unsigned status;
+  std::string allow;  ///< for 405
+};
+
+/// The database failed or could not be reached: 503 (counted in the metrics).
+struct database_failure : std::runtime_error {
+  explicit database_failure(const std::string& message, unsigned s = 503) : std::runtime_error(message), status(s) {}
+  unsigned status;
+};
+
+/// Routes the request; throws http_error, database_failure.
+response dispatch(app& a, const request& req, route_info& info);
+
+response json_answer(unsigned status, std::string body);
+response json_error(unsigned status, const std::string& message);
+response html_answer(unsigned status, std::string body);
+
+/// The checks in front of every action, in order: POST (405), same origin (403), actions on
+/// (403), the bearer token (401).
+void check_action(app& a, const request& req);
+
+}  // namespace tenure::serve
