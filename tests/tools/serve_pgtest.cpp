@@ -447,6 +447,35 @@ TEST_F(serve_pg, a_failing_database_is_a_5xx_counted_in_metrics_and_the_server_k
   EXPECT_NE(m.body.find("tenure_serve_requests_total{route=\"/api/queues\",status=\"500\"} 1"), std::string::npos);
 }
 
+TEST_F(serve_pg, a_query_blocked_by_a_lock_is_cancelled_after_the_statement_timeout) {
+  serve_process p({"--database-url", dsn_, "--schema", schema_, "serve", "--listen", "127.0.0.1:0",
+                   "--statement-timeout", "300ms"});
+  ASSERT_NE(p.port(), 0) << p.first_line();
+  ASSERT_EQ(request(p.port(), "GET", "/api/jobs").status, 200);
+  // Another session holds every table under the jobs view; a dashboard query must not wait on it
+  // for ever (send_raw gives up after 5 s, so a query without a limit reads as status 0).
+  std::unique_ptr<PGconn, decltype(&PQfinish)> holder(PQconnectdb(dsn_.c_str()), &PQfinish);
+  ASSERT_EQ(PQstatus(holder.get()), CONNECTION_OK);
+  PQclear(PQexec(holder.get(), "BEGIN"));
+  std::unique_ptr<PGresult, decltype(&PQclear)> locked(
+      PQexec(holder.get(), ("LOCK TABLE " + schema_ + ".jobs IN ACCESS EXCLUSIVE MODE").c_str()), &PQclear);
+  ASSERT_EQ(PQresultStatus(locked.get()), PGRES_COMMAND_OK) << PQresultErrorMessage(locked.get());
+  const auto start = std::chrono::steady_clock::now();
+  const auto blocked = request(p.port(), "GET", "/api/jobs");
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(blocked.status, 500) << blocked.body;
+  EXPECT_NE(blocked.body.find("statement timeout"), std::string::npos) << blocked.body;
+  EXPECT_LT(waited, 4s);
+  PQclear(PQexec(holder.get(), "ROLLBACK"));
+  EXPECT_EQ(request(p.port(), "GET", "/api/jobs").status, 200);
+}
+
+TEST_F(serve_pg, a_bad_statement_timeout_is_a_usage_error) {
+  serve_process p({"--database-url", dsn_, "--schema", schema_, "serve", "--listen", "127.0.0.1:0",
+                   "--statement-timeout", "soon"});
+  EXPECT_EQ(p.wait_exit(), 2);
+}
+
 TEST_F(serve_pg, metrics_count_requests_by_route_and_status) {
   for (int i = 0; i < 3; ++i) request(port(), "GET", "/api/jobs/not-a-number");
   const auto r = request(port(), "GET", "/metrics");

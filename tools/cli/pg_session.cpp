@@ -39,6 +39,35 @@ pg_session::~pg_session() {
 
 std::vector<pg_session::row> pg_session::query(const std::string& sql, const std::vector<std::string>& params,
                                                const std::string& what) {
+  if (statement_timeout_.count() > 0) {
+    // BEGIN and SET LOCAL: two round trips more per query, so the limit is the server's own.
+    const std::string begin =
+        "BEGIN; SET LOCAL statement_timeout = " + std::to_string(statement_timeout_.count());
+    std::unique_ptr<PGresult, decltype(&PQclear)> started(PQexec(conn_, begin.c_str()), &PQclear);
+    if (!started || PQresultStatus(started.get()) != PGRES_COMMAND_OK) {
+      last_sqlstate_.clear();
+      throw command_error(what + ": " + trimmed(PQerrorMessage(conn_)));
+    }
+    std::vector<row> rows;
+    try {
+      rows = run(sql, params, what);
+    } catch (const command_error&) {
+      PQclear(PQexec(conn_, "ROLLBACK"));
+      throw;
+    }
+    std::unique_ptr<PGresult, decltype(&PQclear)> done(PQexec(conn_, "COMMIT"), &PQclear);
+    if (!done || PQresultStatus(done.get()) != PGRES_COMMAND_OK) {
+      const char* state = done ? PQresultErrorField(done.get(), PG_DIAG_SQLSTATE) : nullptr;
+      last_sqlstate_ = state ? state : "";
+      throw command_error(what + ": " + trimmed(PQerrorMessage(conn_)));
+    }
+    return rows;
+  }
+  return run(sql, params, what);
+}
+
+std::vector<pg_session::row> pg_session::run(const std::string& sql, const std::vector<std::string>& params,
+                                             const std::string& what) {
   std::vector<const char*> values;
   values.reserve(params.size());
   for (const auto& p : params) values.push_back(p.c_str());

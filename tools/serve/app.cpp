@@ -38,7 +38,9 @@ std::unique_ptr<cli::pg_session> app::take_session() {
       return s;
     }
   }
-  return std::make_unique<cli::pg_session>(config_.dsn);
+  auto s = std::make_unique<cli::pg_session>(config_.dsn);
+  s->set_statement_timeout(config_.statement_timeout);
+  return s;
 }
 
 void app::give_back(std::unique_ptr<cli::pg_session> s) {

@@ -2,6 +2,7 @@
 /// \file
 /// What `tenure serve` answers: the routes of the pages, the JSON API, the assets and /metrics,
 /// and the checks in front of the actions (POST only, same origin, bearer token).
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -23,6 +24,9 @@ struct app_config {
   /// localhost), with any port, are answered; another Host is a 421. A page of another site whose
   /// name was made to resolve to 127.0.0.1 (DNS rebinding) cannot read the dashboard.
   bool loopback_hosts_only = true;
+  /// Every query of a request is cancelled by the server past this (lock waits included), so a
+  /// locked table or a slow scan costs one 500 answer, never a thread held for ever.
+  std::chrono::milliseconds statement_timeout{10000};
 };
 
 class app {

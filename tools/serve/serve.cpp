@@ -1,4 +1,4 @@
-// tenure serve [--listen ADDR:PORT] [--read-only] [--token-file FILE]: the operators' dashboard
+// tenure serve [--listen ADDR:PORT] [--read-only] [--token-file FILE] [--statement-timeout D]: the operators' dashboard
 // (pages, JSON API, /metrics) in this one process.
 #include <sys/stat.h>
 
@@ -11,6 +11,7 @@
 #include <boost/asio/ip/address.hpp>
 
 #include "cli/commands.hpp"
+#include "cli/time_text.hpp"
 #include "serve/app.hpp"
 #include "serve/server.hpp"
 
@@ -21,6 +22,7 @@ struct serve_options {
   std::string listen = "127.0.0.1:8080";
   bool read_only = false;
   std::string token_file;
+  std::string statement_timeout = "10s";
 };
 
 /// `host:port`, `[v6]:port`; the port may be 0 (any free one, printed at start).
@@ -81,6 +83,12 @@ int run_serve(const context& ctx, const serve_options& o) {
   config.schema = ctx.schema;
   if (!o.read_only && !o.token_file.empty()) config.token = read_token(o.token_file);
   config.loopback_hosts_only = loopback(host);
+  const auto limit = parse_duration(o.statement_timeout);
+  if (!limit || *limit < std::chrono::milliseconds{1}) {
+    throw command_error("--statement-timeout " + o.statement_timeout + ": expected a duration of at least 1ms",
+                        k_exit_usage);
+  }
+  config.statement_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(*limit);
 
   postgres::store_options options;
   options.dsn = config.dsn;
@@ -120,6 +128,11 @@ void register_serve(CLI::App& app, context& ctx) {
   cmd->add_flag("--read-only", o->read_only, "Turn actions (retry, cancel, pause, resume) off");
   cmd->add_option("--token-file", o->token_file,
                   "File holding the bearer token that actions need (mode 600); without it actions are off");
+  cmd->add_option("--statement-timeout", o->statement_timeout,
+                  "Longest a dashboard query may run on the server (lock waits included); past it the answer is a 500")
+      ->type_name("D")
+      ->check(check_duration, "D")
+      ->capture_default_str();
   cmd->callback([&ctx, o] { ctx.run = [&ctx, o] { return run_serve(ctx, *o); }; });
 }
 
