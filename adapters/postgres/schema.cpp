@@ -300,8 +300,8 @@ result<void> grant(std::string_view dsn, grant_kind kind, std::string_view role,
       functions = {"complete_job(text, jsonb)"};
       break;
     case grant_kind::producer:
-      functions = {"enqueue(text, jsonb, text, int, timestamptz, int)",
-                   "enqueue_batch(text[], jsonb[], text[], int[], timestamptz[], int[])"};
+      functions = {"enqueue(text, jsonb, text, int, timestamptz, int, jsonb)",
+                   "enqueue_batch(text[], jsonb[], text[], int[], timestamptz[], int[], jsonb[])"};
       break;
     case grant_kind::callback:
       functions = {"resume_callback(uuid, jsonb)", "extend_callback(uuid, interval)",
