@@ -50,16 +50,17 @@ void print_json(const job_info& j) {
   out["last_error"] = j.last_error ? nlohmann::ordered_json(*j.last_error) : nullptr;
   out["progress"] = j.progress ? json_value(*j.progress) : nullptr;
   out["dead_lettered"] = j.dead_lettered;
-  // args go out as the JSON text the database holds (jsonb's own text, which is valid JSON), not
-  // through a parse: a number no double holds (1e1000) or an integer past 64 bits would be
-  // changed or lost on the way. Members are printed one by one to splice that text in.
+  out["metadata"] = nullptr;  // replaced below by the text the database holds, as args
+  // args and metadata go out as the JSON text the database holds (jsonb's own text, which is
+  // valid JSON), not through a parse: a number no double holds (1e1000) or an integer past 64
+  // bits would be changed or lost on the way. Members are printed one by one to splice it in.
   std::string text = "{";
   bool first = true;
   for (const auto& [key, value] : out.items()) {
     text += first ? "\n  " : ",\n  ";
     first = false;
     text += nlohmann::ordered_json(key).dump() + ": ";
-    text += key == "args" ? j.args : value.dump();
+    text += key == "args" ? j.args : key == "metadata" ? j.metadata : value.dump();
   }
   text += "\n}";
   std::cout << text << '\n';
@@ -85,6 +86,7 @@ void print_text(const job_info& j) {
   field("last error", j.last_error.value_or(none));
   field("progress", j.progress.value_or(none));
   field("dead-lettered", j.dead_lettered ? "yes" : "no");
+  field("metadata", j.metadata);
 }
 
 int run_show(const context& ctx, std::int64_t id, bool json) {
