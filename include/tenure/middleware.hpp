@@ -13,6 +13,10 @@
 ///       // after: r.outcome, r.message, r.duration
 ///     });
 ///
+/// It runs for every attempt whose handler is called, plain or caller-owned; not for an attempt
+/// given back because this process has no handler for its kind, nor for a caller-owned attempt
+/// cancelled while it waited for its slot (its handler never starts).
+///
 /// Order: the first middleware registered is the outermost: its code before next() runs first
 /// and its code after next() runs last. Everything runs on the handler's thread, so a
 /// thread-local set before next() (a trace context) is seen by the handler.
