@@ -16,6 +16,12 @@
 --     type: dropped and created, with their grants). It travels with the job's row through
 --     every move (promotion, claim, completion, failure, retry, snooze, rescue, cancel, admin
 --     retry), in the functions below, which are the latest versions with the column added.
+--   - complete_batch and heartbeat_batch no longer add `r.job_id = ANY (job_ids)` to their join
+--     with the input. The plan these functions cache is generic, chosen from the estimates of the
+--     first call in a session; when it became a nested loop over the input, that condition made
+--     every probe of receipts_pkey sort and search the whole array (a batch of 1,000: ~200 ms
+--     instead of ~5 ms). Joined on (job_id, run_lease) alone, each receipt is one key probe
+--     whatever plan is cached.
 
 ALTER TABLE @schema@.ready       ADD COLUMN metadata jsonb NOT NULL DEFAULT '{}';
 ALTER TABLE @schema@.deferred    ADD COLUMN metadata jsonb NOT NULL DEFAULT '{}';
@@ -324,7 +330,35 @@ BEGIN
   END LOOP;
 END $$;
 
--- As in migration 3, plus metadata.
+-- As in migration 3, without `r.job_id = ANY (job_ids)`: each receipt is one probe of its key.
+CREATE OR REPLACE FUNCTION @schema@.heartbeat_batch(job_ids bigint[], run_leases bigint[],
+                                                    progress jsonb[] DEFAULT NULL)
+RETURNS TABLE(job_id bigint, run_lease bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
+#variable_conflict use_column
+BEGIN
+  IF cardinality(job_ids) IS DISTINCT FROM cardinality(run_leases)
+     OR (heartbeat_batch.progress IS NOT NULL
+         AND cardinality(heartbeat_batch.progress) IS DISTINCT FROM cardinality(job_ids)) THEN
+    RAISE EXCEPTION 'tenure.heartbeat_batch: arrays must have the same length' USING ERRCODE = '22023';
+  END IF;
+  RETURN QUERY
+  WITH input AS (
+    SELECT DISTINCT ON (u.job_id, u.run_lease) u.job_id, u.run_lease, u.progress
+      FROM unnest(job_ids, run_leases, heartbeat_batch.progress) AS u(job_id, run_lease, progress)
+     ORDER BY u.job_id, u.run_lease, u.progress IS NULL
+  )
+  INSERT INTO @schema@.attempt_state AS s (job_id, run_lease, heartbeat_at, progress)
+  SELECT r.job_id, r.run_lease, now(), i.progress
+    FROM @schema@.receipts r JOIN input i ON i.job_id = r.job_id AND i.run_lease = r.run_lease
+   ORDER BY r.job_id
+  ON CONFLICT (job_id, run_lease) DO UPDATE
+    SET heartbeat_at = excluded.heartbeat_at, progress = coalesce(excluded.progress, s.progress)
+  RETURNING s.job_id, s.run_lease;
+END $$;
+
+-- As in migration 3, plus metadata, and each receipt found by one probe of its key (as above).
 CREATE OR REPLACE FUNCTION @schema@.complete_batch(job_ids bigint[], run_leases bigint[],
                                                    progress jsonb[] DEFAULT NULL)
 RETURNS TABLE(job_id bigint, run_lease bigint, completed_at timestamptz)
@@ -346,8 +380,7 @@ BEGIN
     DELETE FROM @schema@.receipts r
      USING input i LEFT JOIN @schema@.attempt_state s
              ON s.job_id = i.job_id AND s.run_lease = i.run_lease
-     WHERE r.job_id = ANY (complete_batch.job_ids)
-       AND r.job_id = i.job_id AND r.run_lease = i.run_lease AND s.waiting IS NOT TRUE
+     WHERE r.job_id = i.job_id AND r.run_lease = i.run_lease AND s.waiting IS NOT TRUE
     RETURNING r.*, coalesce(i.progress, s.progress) AS final_progress
   )
   INSERT INTO @schema@.done (id, queue, kind, args, state, priority, attempt, max_attempts,
