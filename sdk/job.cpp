@@ -43,6 +43,31 @@ bool valid_name(std::string_view s, std::size_t max) noexcept {
   return !s.empty() && detail::is_storable_text(s) && char_count(s) <= max && !has_control_chars(s);
 }
 
+/// Bytes of `v` as PostgreSQL prints jsonb (`::text`): the compact form plus one space after
+/// each `:` and `,` that separates members and elements. Strings escape alike on both sides;
+/// numbers are counted as this process prints them (the server has the last word on the rare
+/// number it prints longer, such as 1e+100).
+std::size_t pg_json_text_size(const nlohmann::json& v) {
+  const std::string text = v.dump();
+  std::size_t n = text.size();
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;  // the escaped character
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == ':' || c == ',') {
+      ++n;
+    }
+  }
+  return n;
+}
+
 }  // namespace
 
 std::string_view to_string(job_state s) noexcept {
@@ -92,6 +117,20 @@ result<void> validate(const new_job& job) {
   if (!detail::is_storable_json(job.args)) {
     return error{errc::invalid_argument, "args hold a NUL character (\\u0000) or text that is not valid UTF-8, "
                                          "which PostgreSQL's jsonb cannot store"};
+  }
+  // metadata likewise, and bounded: it travels with every claim of the job.
+  if (!job.metadata.is_object() && !job.metadata.is_null()) {
+    return error{errc::invalid_argument, std::string{"metadata must be a JSON object, not "} + job.metadata.type_name()};
+  }
+  if (!detail::is_storable_json(job.metadata)) {
+    return error{errc::invalid_argument, "metadata holds a NUL character (\\u0000) or text that is not valid UTF-8, "
+                                         "which PostgreSQL's jsonb cannot store"};
+  }
+  if (!job.metadata.is_null()) {
+    if (const auto size = pg_json_text_size(job.metadata); size > k_max_metadata_size) {
+      return error{errc::invalid_argument, "metadata is " + std::to_string(size) + " bytes as JSON text, more than " +
+                                               std::to_string(k_max_metadata_size)};
+    }
   }
   return success();
 }

@@ -24,13 +24,13 @@ namespace {
 struct statements {
   explicit statements(const std::string& s)
       : enqueue{"tenure_enqueue",
-                "SELECT " + s + ".enqueue($1, $2::jsonb, $3, $4::int, $5::timestamptz, $6::int)"},
+                "SELECT " + s + ".enqueue($1, $2::jsonb, $3, $4::int, $5::timestamptz, $6::int, $7::jsonb)"},
         enqueue_batch{"tenure_enqueue_batch",
                       "SELECT job_id FROM " + s +
                           ".enqueue_batch($1::text[], $2::jsonb[], $3::text[], $4::int[], "
-                          "$5::timestamptz[], $6::int[]) ORDER BY ord"},
+                          "$5::timestamptz[], $6::int[], $7::jsonb[]) ORDER BY ord"},
         claim{"tenure_claim", "SELECT job_id, run_lease, kind, args::text, attempt, max_attempts, " +
-                                  epoch_us("deadline_at") + ", encode(uuid_send(secret), 'hex') FROM " + s +
+                                  epoch_us("deadline_at") + ", encode(uuid_send(secret), 'hex'), metadata::text FROM " + s +
                                   ".claim_attempts($1, $2::int, $3, $4)"},
         heartbeat{"tenure_heartbeat", "SELECT job_id, run_lease FROM " + s +
                                           ".heartbeat_batch($1::bigint[], $2::bigint[], $3::jsonb[])"},
@@ -57,7 +57,8 @@ struct statements {
         read_job{"tenure_read_job",
                  "SELECT id, queue, kind, args::text, state, priority, attempt, max_attempts, run_lease, " +
                      epoch_us("run_at") + ", " + epoch_us("created_at") + ", " + epoch_us("finalized_at") +
-                     ", last_error, progress::text, dead_lettered FROM " + s + ".jobs WHERE id = $1::bigint"},
+                     ", last_error, progress::text, dead_lettered, metadata::text FROM " + s +
+                     ".jobs WHERE id = $1::bigint"},
         rescue{"tenure_rescue",
                "SELECT job_id, run_lease, queue, new_state FROM " + s + ".rescue_attempts($1::interval)"},
         promote{"tenure_promote", "SELECT " + s + ".promote_due(NULL, 10000)"},
@@ -87,7 +88,8 @@ struct statements {
 
 param text(std::string_view s) { return std::string{s}; }
 
-/// JSON text of a job's args; nullopt when they cannot be serialized (e.g. invalid UTF-8).
+/// JSON text of a job's args or metadata (null: `{}`); nullopt when they cannot be serialized
+/// (e.g. invalid UTF-8).
 std::optional<std::string> args_json(const nlohmann::json& args) {
   if (args.is_null()) return "{}";
   try {
@@ -218,24 +220,26 @@ result<std::unique_ptr<store>> store::open(store_options options) {
 result<std::int64_t> store::enqueue(const new_job& job) {
   TENURE_TRYV(validate(job));
   auto args = args_json(job.args);
-  if (!args) return errc::invalid_argument;
+  auto metadata = args_json(job.metadata);
+  if (!args || !metadata) return errc::invalid_argument;
   std::vector<param> params{text(job.kind), std::move(args), text(job.queue),
                             number(job.priority),
                             job.run_at ? param{detail::timestamp_text(*job.run_at)} : std::nullopt,
-                            number(job.max_attempts)};
+                            number(job.max_attempts), std::move(metadata)};
   TENURE_TRY(auto rows, impl_->run(impl_->st.enqueue, std::move(params), effect::write));
   return rows.int64(0, 0);
 }
 
 result<std::vector<std::int64_t>> store::enqueue_batch(std::span<const new_job> jobs) {
   if (jobs.empty()) return std::vector<std::int64_t>{};
-  std::vector<std::optional<std::string>> kinds, args, queues, run_ats;
+  std::vector<std::optional<std::string>> kinds, args, queues, run_ats, metadatas;
   std::vector<std::int64_t> priorities, max_attempts;
   for (const auto& j : jobs) {
     TENURE_TRYV(validate(j));
     kinds.emplace_back(j.kind);
     args.emplace_back(args_json(j.args));
-    if (!args.back()) return errc::invalid_argument;
+    metadatas.emplace_back(args_json(j.metadata));
+    if (!args.back() || !metadatas.back()) return errc::invalid_argument;
     queues.emplace_back(j.queue);
     priorities.push_back(j.priority);
     max_attempts.push_back(j.max_attempts);
@@ -244,7 +248,8 @@ result<std::vector<std::int64_t>> store::enqueue_batch(std::span<const new_job> 
   TENURE_TRY(auto rows, impl_->run(impl_->st.enqueue_batch,
                                    {detail::text_array(kinds), detail::text_array(args),
                                     detail::text_array(queues), detail::int_array(priorities),
-                                    detail::text_array(run_ats), detail::int_array(max_attempts)},
+                                    detail::text_array(run_ats), detail::int_array(max_attempts),
+                                    detail::text_array(metadatas)},
                                    effect::write));
   std::vector<std::int64_t> ids;
   ids.reserve(static_cast<std::size_t>(rows.size()));
@@ -288,6 +293,7 @@ result<std::vector<claimed_attempt>> store::claim(std::string_view queue, int ma
       return errc::protocol_error;
     }
     a.secret = secret.value();
+    a.metadata = std::string{rows.text(i, 8)};
     out.push_back(std::move(a));
   }
   return out;
@@ -480,6 +486,7 @@ result<job_info> store::read_job(std::int64_t job_id) {
   j.last_error = rows.opt_text(0, 12);
   j.progress = rows.opt_text(0, 13);
   j.dead_lettered = rows.boolean(0, 14);
+  j.metadata = rows.text(0, 15);
   return j;
 }
 

@@ -42,7 +42,7 @@ using detail::store_state;
 template <class T>
 using opt = boost::optional<T>;  // SOCI 4.0 binds boost::optional as a nullable value
 
-constexpr int k_schema_version = 2;  // 2: receipts.secret
+constexpr int k_schema_version = 3;  // 2: receipts.secret; 3: metadata
 constexpr int k_max_claim = 10000;           // tenure.claim's bound
 constexpr long long k_claim_promote_batch = 1000;  // what tenure.claim_attempts promotes
 constexpr long long k_promote_batch = 10000;        // what the port's promote_due moves
@@ -66,13 +66,13 @@ const std::vector<std::string>& schema_statements() {
       " id INTEGER PRIMARY KEY, queue TEXT NOT NULL, kind TEXT NOT NULL, args TEXT NOT NULL,"
       " priority INTEGER NOT NULL, attempt INTEGER NOT NULL, max_attempts INTEGER NOT NULL,"
       " run_lease INTEGER NOT NULL, run_at INTEGER NOT NULL, created_at INTEGER NOT NULL,"
-      " last_error TEXT, progress TEXT)",
+      " last_error TEXT, progress TEXT, metadata TEXT NOT NULL DEFAULT '{}')",
       "CREATE INDEX ready_claim_idx ON ready (queue, priority, id)",
       "CREATE TABLE deferred ("
       " id INTEGER PRIMARY KEY, queue TEXT NOT NULL, kind TEXT NOT NULL, args TEXT NOT NULL,"
       " priority INTEGER NOT NULL, attempt INTEGER NOT NULL, max_attempts INTEGER NOT NULL,"
       " run_lease INTEGER NOT NULL, run_at INTEGER NOT NULL, created_at INTEGER NOT NULL,"
-      " last_error TEXT, progress TEXT,"
+      " last_error TEXT, progress TEXT, metadata TEXT NOT NULL DEFAULT '{}',"
       " state TEXT NOT NULL CHECK (state IN ('scheduled', 'retryable')))",
       "CREATE INDEX deferred_queue_due_idx ON deferred (queue, run_at)",
       "CREATE INDEX deferred_due_idx ON deferred (run_at)",
@@ -83,6 +83,7 @@ const std::vector<std::string>& schema_statements() {
       " created_at INTEGER NOT NULL, claimed_at INTEGER NOT NULL, deadline_at INTEGER,"
       " worker TEXT, last_error TEXT, progress TEXT,"
       " secret TEXT NOT NULL,"  // the attempt's secret, 32 hex digits
+      " metadata TEXT NOT NULL DEFAULT '{}',"
       " PRIMARY KEY (job_id, run_lease))",
       // No foreign key, as in the SQL; this fake deletes an attempt's row when it closes.
       "CREATE TABLE attempt_state ("
@@ -93,31 +94,33 @@ const std::vector<std::string>& schema_statements() {
       " state TEXT NOT NULL CHECK (state IN ('completed', 'failed', 'cancelled')),"
       " priority INTEGER NOT NULL, attempt INTEGER NOT NULL, max_attempts INTEGER NOT NULL,"
       " run_lease INTEGER NOT NULL, run_at INTEGER NOT NULL, created_at INTEGER NOT NULL,"
-      " finalized_at INTEGER NOT NULL, last_error TEXT, progress TEXT)",
+      " finalized_at INTEGER NOT NULL, last_error TEXT, progress TEXT,"
+      " metadata TEXT NOT NULL DEFAULT '{}')",
       "CREATE TABLE dead_letter ("
       " id INTEGER PRIMARY KEY, queue TEXT NOT NULL, kind TEXT NOT NULL, args TEXT NOT NULL,"
       " priority INTEGER NOT NULL, attempt INTEGER NOT NULL, max_attempts INTEGER NOT NULL,"
       " run_lease INTEGER NOT NULL, run_at INTEGER NOT NULL, created_at INTEGER NOT NULL,"
-      " finalized_at INTEGER NOT NULL, last_error TEXT, progress TEXT)",
+      " finalized_at INTEGER NOT NULL, last_error TEXT, progress TEXT,"
+      " metadata TEXT NOT NULL DEFAULT '{}')",
       "CREATE VIEW jobs AS"
       " SELECT id, queue, kind, args, 'available' AS state, priority, attempt, max_attempts,"
       "        run_lease, run_at, created_at, NULL AS finalized_at, last_error, progress,"
-      "        0 AS dead_lettered FROM ready"
+      "        0 AS dead_lettered, metadata FROM ready"
       " UNION ALL"
       " SELECT id, queue, kind, args, state, priority, attempt, max_attempts, run_lease, run_at,"
-      "        created_at, NULL, last_error, progress, 0 FROM deferred"
+      "        created_at, NULL, last_error, progress, 0, metadata FROM deferred"
       " UNION ALL"
       " SELECT r.job_id, r.queue, r.kind, r.args, 'running', r.priority, r.attempt,"
       "        r.max_attempts, r.run_lease, r.run_at, r.created_at, NULL, r.last_error,"
-      "        coalesce(s.progress, r.progress), 0"
+      "        coalesce(s.progress, r.progress), 0, r.metadata"
       "   FROM receipts r LEFT JOIN attempt_state s"
       "     ON s.job_id = r.job_id AND s.run_lease = r.run_lease"
       " UNION ALL"
       " SELECT id, queue, kind, args, state, priority, attempt, max_attempts, run_lease, run_at,"
-      "        created_at, finalized_at, last_error, progress, 0 FROM done"
+      "        created_at, finalized_at, last_error, progress, 0, metadata FROM done"
       " UNION ALL"
       " SELECT id, queue, kind, args, 'failed', priority, attempt, max_attempts, run_lease,"
-      "        run_at, created_at, finalized_at, last_error, progress, 1 FROM dead_letter",
+      "        run_at, created_at, finalized_at, last_error, progress, 1, metadata FROM dead_letter",
       "PRAGMA user_version = " + std::to_string(k_schema_version),
   };
   return statements;
@@ -297,11 +300,12 @@ struct job_row {
   int priority = 0, attempt = 0, max_attempts = 0;
   std::int64_t run_lease = 0, run_at = 0, created_at = 0;
   std::optional<std::string> last_error, progress;
+  std::string metadata = "{}";
 };
 
 constexpr const char* k_job_columns =
     "id, queue, kind, args, priority, attempt, max_attempts, run_lease, run_at, created_at, "
-    "last_error, progress";
+    "last_error, progress, metadata";
 
 enum class table { ready, deferred, done, dead_letter };
 
@@ -323,7 +327,7 @@ std::optional<job_row> load(soci::session& s, table t, std::int64_t id) {
       soci::into(r.id), soci::into(r.queue), soci::into(r.kind), soci::into(r.args),
       soci::into(r.priority), soci::into(r.attempt), soci::into(r.max_attempts),
       soci::into(r.run_lease), soci::into(r.run_at), soci::into(r.created_at),
-      soci::into(last_error), soci::into(progress), soci::use(id);
+      soci::into(last_error), soci::into(progress), soci::into(r.metadata), soci::use(id);
   if (!s.got_data()) return std::nullopt;
   r.last_error = to_std(last_error);
   r.progress = to_std(progress);
@@ -345,7 +349,7 @@ void insert(soci::session& s, table t, const job_row& r, const char* state = nul
   std::string columns = k_job_columns;
   std::string values =
       ":id, :queue, :kind, :args, :priority, :attempt, :max_attempts, :run_lease, :run_at, "
-      ":created_at, :last_error, :progress";
+      ":created_at, :last_error, :progress, :metadata";
   // Statements with a variable set of bindings use SOCI's explicit exchange API.
   soci::statement st(s);
   st.exchange(soci::use(r.id, "id"));
@@ -360,6 +364,7 @@ void insert(soci::session& s, table t, const job_row& r, const char* state = nul
   st.exchange(soci::use(r.created_at, "created_at"));
   st.exchange(soci::use(last_error, "last_error"));
   st.exchange(soci::use(progress, "progress"));
+  st.exchange(soci::use(r.metadata, "metadata"));
   const std::string state_text = state ? state : "";
   if (state) {
     columns += ", state";
@@ -385,14 +390,15 @@ std::optional<job_row> take_receipt(soci::session& s, attempt_id a) {
   job_row r;
   opt<std::string> last_error, progress;
   s << "SELECT r.job_id, r.queue, r.kind, r.args, r.priority, r.attempt, r.max_attempts,"
-       "       r.run_lease, r.run_at, r.created_at, r.last_error, coalesce(s.progress, r.progress)"
+       "       r.run_lease, r.run_at, r.created_at, r.last_error, coalesce(s.progress, r.progress),"
+       "       r.metadata"
        "  FROM receipts r LEFT JOIN attempt_state s"
        "    ON s.job_id = r.job_id AND s.run_lease = r.run_lease"
        " WHERE r.job_id = :job_id AND r.run_lease = :run_lease",
       soci::into(r.id), soci::into(r.queue), soci::into(r.kind), soci::into(r.args),
       soci::into(r.priority), soci::into(r.attempt), soci::into(r.max_attempts),
       soci::into(r.run_lease), soci::into(r.run_at), soci::into(r.created_at),
-      soci::into(last_error), soci::into(progress), soci::use(a.job_id, "job_id"),
+      soci::into(last_error), soci::into(progress), soci::into(r.metadata), soci::use(a.job_id, "job_id"),
       soci::use(a.run_lease, "run_lease");
   if (!s.got_data()) return std::nullopt;
   r.last_error = to_std(last_error);
@@ -491,7 +497,8 @@ void insert_new(soci::session& s, std::int64_t id, const new_job& job, std::stri
             .max_attempts = job.max_attempts,
             .run_lease = 0,
             .run_at = now,
-            .created_at = now};
+            .created_at = now,
+            .metadata = job.metadata.is_null() ? std::string("{}") : job.metadata.dump()};
   if (!job.run_at || to_us(*job.run_at) <= now) {
     insert(s, table::ready, r);
   } else {
@@ -669,9 +676,9 @@ result<std::vector<claimed_attempt>> store::claim(std::string_view queue, int ma
       const std::string secret_text = secret.to_string();
       s << "INSERT INTO receipts (job_id, run_lease, queue, kind, args, priority, attempt,"
            " max_attempts, run_at, created_at, claimed_at, deadline_at, worker, last_error,"
-           " progress, secret) VALUES (:id, :run_lease, :queue, :kind, :args, :priority, :attempt,"
-           " :max_attempts, :run_at, :created_at, :now, :deadline, :worker, :last_error,"
-           " :progress, :secret)",
+           " progress, secret, metadata) VALUES (:id, :run_lease, :queue, :kind, :args, :priority,"
+           " :attempt, :max_attempts, :run_at, :created_at, :now, :deadline, :worker, :last_error,"
+           " :progress, :secret, :metadata)",
           soci::use(r->id, "id"), soci::use(r->run_lease, "run_lease"),
           soci::use(r->queue, "queue"), soci::use(r->kind, "kind"), soci::use(r->args, "args"),
           soci::use(r->priority, "priority"), soci::use(r->attempt, "attempt"),
@@ -679,12 +686,13 @@ result<std::vector<claimed_attempt>> store::claim(std::string_view queue, int ma
           soci::use(r->created_at, "created_at"), soci::use(now, "now"),
           soci::use(deadline, "deadline"), soci::use(worker_name, "worker"),
           soci::use(last_error, "last_error"), soci::use(progress, "progress"),
-          soci::use(secret_text, "secret");
+          soci::use(secret_text, "secret"), soci::use(r->metadata, "metadata");
       claimed.push_back(claimed_attempt{
           .attempt = {r->id, r->run_lease},
           .queue = r->queue,
           .kind = r->kind,
           .args = r->args,
+          .metadata = r->metadata,
           .attempt_number = r->attempt,
           .max_attempts = r->max_attempts,
           .deadline = deadline ? std::optional<time_point>(from_us(*deadline)) : std::nullopt,
@@ -859,13 +867,13 @@ result<job_info> store::read_job(std::int64_t job_id) {
     opt<std::string> last_error, progress;
     int dead_lettered = 0;
     s << "SELECT id, queue, kind, args, state, priority, attempt, max_attempts, run_lease,"
-         " run_at, created_at, finalized_at, last_error, progress, dead_lettered"
+         " run_at, created_at, finalized_at, last_error, progress, dead_lettered, metadata"
          " FROM jobs WHERE id = :id",
         soci::into(info.id), soci::into(info.queue), soci::into(info.kind), soci::into(info.args),
         soci::into(state), soci::into(info.priority), soci::into(info.attempt),
         soci::into(info.max_attempts), soci::into(info.run_lease), soci::into(run_at),
         soci::into(created_at), soci::into(finalized_at), soci::into(last_error),
-        soci::into(progress), soci::into(dead_lettered), soci::use(job_id);
+        soci::into(progress), soci::into(dead_lettered), soci::into(info.metadata), soci::use(job_id);
     if (!s.got_data()) return result<job_info>(errc::job_not_found);
     const auto parsed = parse_job_state(state);
     if (!parsed) return result<job_info>(errc::database_error);  // not a state of the view

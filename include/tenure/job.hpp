@@ -43,6 +43,9 @@ inline constexpr int k_default_priority = 2;
 inline constexpr int k_default_max_attempts = 25;
 inline constexpr std::size_t k_max_kind_size = 255;
 inline constexpr std::size_t k_max_queue_size = 128;
+/// Most bytes a job's metadata may take as JSON text, as PostgreSQL prints it (`metadata::text`:
+/// a space after each `:` and `,` of the compact form).
+inline constexpr std::size_t k_max_metadata_size = 8192;
 
 /// A job to enqueue. Validate with `validate()`; every enqueue path does.
 struct new_job {
@@ -52,6 +55,11 @@ struct new_job {
   int priority = k_default_priority;
   std::optional<time_point> run_at;  ///< empty = now
   int max_attempts = k_default_max_attempts;
+  /// Data about the job rather than for its handler, e.g. a W3C trace context
+  /// (`{"traceparent": "00-<trace-id>-<span-id>-01"}`), a tenant or a request id: a JSON object of
+  /// at most k_max_metadata_size bytes (JSON null is stored as `{}`). Handlers and middleware read
+  /// it from job_context::metadata(); tenure itself never looks inside.
+  nlohmann::json metadata = nlohmann::json::object();
 };
 
 /// errc::invalid_argument, naming the field and what is wrong with it as the error's detail (e.g.
@@ -59,7 +67,9 @@ struct new_job {
 /// or queue with control characters (C0, DEL or C1) or invalid UTF-8, priority outside 1..4,
 /// max_attempts < 1, args that are not a JSON object (a scalar, an array, or a discarded parse;
 /// JSON null args are stored as `{}`), or args that hold a NUL character or invalid UTF-8 in a
-/// string or key (jsonb cannot store them). run_at needs no check: a time_point cannot name a
+/// string or key (jsonb cannot store them); metadata that is not a JSON object (null is stored
+/// as `{}`), is longer than k_max_metadata_size, or holds what jsonb cannot store (the detail
+/// starts with "metadata"). run_at needs no check: a time_point cannot name a
 /// time past 2262-04-11, the last one the SQL enqueue functions accept.
 result<void> validate(const new_job& job);
 
@@ -71,6 +81,8 @@ struct claimed_attempt {
   /// JSON text, as stored. Parse it, never compare it as text: PostgreSQL's jsonb normalises
   /// spacing and key order ({"n": 3, "to": "a"}), the SQLite fake does not.
   std::string args;
+  /// The job's metadata as JSON text (parse it, as args); empty means `{}`.
+  std::string metadata;
   int attempt_number = 0;  ///< executions so far, this one included (retry budget only)
   int max_attempts = 0;
   std::optional<time_point> deadline;  ///< hard deadline of this attempt, if the queue has one
@@ -84,6 +96,7 @@ struct job_info {
   std::string queue;
   std::string kind;
   std::string args;  ///< JSON text
+  std::string metadata = "{}";  ///< JSON text (an object)
   job_state state = job_state::available;
   int priority = k_default_priority;
   int attempt = 0;

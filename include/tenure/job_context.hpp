@@ -36,6 +36,10 @@ class job_context {
   const std::string& queue() const noexcept;
   /// The job's args (parsed once).
   const nlohmann::json& args() const;
+  /// The job's metadata (new_job::metadata, e.g. a W3C `traceparent`), parsed once: a JSON
+  /// object, `{}` when the producer set none. Metadata this process cannot represent (a number
+  /// beyond a double's range) reads as `{}`, with a warning logged; the job still runs.
+  const nlohmann::json& metadata() const;
   finalization_token token() const noexcept;
   /// True once the attempt was cancelled by an admin, rescued, found stale by a heartbeat, or the
   /// runtime is shutting down past its timeout. A handler should stop soon after.

@@ -8,7 +8,8 @@
 /// Construct it over ports (any storage adapter), or use tenure::postgres::make_runtime().
 ///
 /// The handler-facing types live in their own headers, all included here: runtime_config.hpp,
-/// job_outcome.hpp, job_context.hpp (with tx_bridge.hpp), events.hpp, runtime_metrics.hpp.
+/// job_outcome.hpp, job_context.hpp (with tx_bridge.hpp), middleware.hpp, events.hpp,
+/// runtime_metrics.hpp.
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -27,6 +28,7 @@
 #include "tenure/job_context.hpp"
 #include "tenure/job_outcome.hpp"
 #include "tenure/log.hpp"
+#include "tenure/middleware.hpp"
 #include "tenure/result.hpp"
 #include "tenure/runtime_config.hpp"
 #include "tenure/runtime_metrics.hpp"
@@ -99,6 +101,13 @@ class runtime {
                           return fn(args, ctx);
                         }});
   }
+  /// Adds a middleware around every handler call, of every kind (plain and caller-owned):
+  /// the first added is the outermost. It runs on the handler's thread, sees the attempt's
+  /// context before the handler and its outcome and duration after; it cannot change the
+  /// outcome. A middleware that throws, or returns without calling next(), makes the attempt
+  /// fail with a retry (logged), as a handler that throws does. See middleware.hpp. Call before
+  /// start(); later calls are ignored (with an error logged).
+  void use(middleware mw);
   /// Called after each durably applied transition, on the control thread: keep it short. What
   /// a hook throws is logged and swallowed. Register hooks before start(); later calls are
   /// ignored (with an error logged).

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <system_error>
 
 #include <nlohmann/json.hpp>
@@ -32,6 +33,18 @@ struct welcome_args {
   std::string name;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(welcome_args, email, name)
+
+/// A tracing library's span, as far as the snippet needs one.
+struct span {
+  void set(const char*, std::int64_t) {}
+  void end(std::string_view /*outcome*/, const std::string& /*error*/, std::chrono::nanoseconds) {}
+};
+struct tracer_stub {
+  std::string current_traceparent() const { return "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"; }
+  /// Starts a span under the remote parent and makes it the calling thread's current span.
+  span start_span(const std::string& /*name*/, const std::string& /*traceparent*/) { return {}; }
+};
+inline tracer_stub tracer;
 
 struct charge_args {
   long long order_id = 0;
@@ -106,6 +119,25 @@ void caller_owned(std::unique_ptr<tenure::runtime>& rt, soci::connection_pool& p
     return receipt;
   });
   // [/snippet:caller_owned]
+}
+
+void tracing(std::unique_ptr<tenure::runtime>& rt, soci::session& db) {
+  // [snippet:tracing]
+  // Producer: the trace context travels with the job, in its metadata.
+  auto job = tenure::enqueue(db, {.kind = "welcome_email", .args = {{"email", "a@example.com"}},
+                                  .metadata = {{"traceparent", tracer.current_traceparent()}}});
+  // Worker: one span per attempt, a child of the producer's. Added before start(); the first
+  // middleware added is the outermost. It runs on the handler's thread, so the span is current
+  // while the handler runs.
+  rt->use([](tenure::job_context& ctx, tenure::attempt_next& next) {
+    auto s = tracer.start_span(ctx.kind(), ctx.metadata().value("traceparent", ""));
+    s.set("job.id", ctx.job_id());
+    s.set("job.attempt", ctx.attempt());
+    const tenure::attempt_report& r = next();  // runs the handler; r says what it decided
+    s.end(tenure::to_string(r.outcome), r.message, r.duration);
+  });
+  // [/snippet:tracing]
+  (void)job;
 }
 
 }  // namespace snippets

@@ -146,6 +146,24 @@ struct attempt_entry {
            "handler, as every attempt would read the same args";
   }
 
+  /// The claimed metadata, parsed once; `{}` when empty or unreadable (with a warning: metadata
+  /// never decides whether a job runs).
+  const nlohmann::json& metadata() const {
+    std::call_once(metadata_once, [this] {
+      metadata_json = nlohmann::json::object();
+      if (claim.metadata.empty()) return;
+      auto parsed = nlohmann::json::parse(claim.metadata, nullptr, /*allow_exceptions=*/false);
+      if (parsed.is_object()) {
+        metadata_json = std::move(parsed);
+      } else {
+        tenure::logger()->warn("tenure: the metadata of job {} lease {} queue {} cannot be read by this process; "
+                               "handlers see {{}}",
+                               claim.attempt.job_id, claim.attempt.run_lease, claim.queue);
+      }
+    });
+    return metadata_json;
+  }
+
   /// The store, for the handler's own guarded calls (flush_progress, previous_progress).
   std::shared_ptr<storage_port> store;
   /// The runtime's clock (runtime_config::clock), for the handler-side waits' pacing.
@@ -189,6 +207,8 @@ struct attempt_entry {
   mutable std::once_flag args_once;
   mutable nlohmann::json args_json;
   mutable std::optional<std::string> args_error;  ///< set once, under args_once
+  mutable std::once_flag metadata_once;
+  mutable nlohmann::json metadata_json;
 };
 
 }  // namespace tenure::detail

@@ -56,6 +56,7 @@ int job_context::max_attempts() const noexcept { return entry_->claim.max_attemp
 const std::string& job_context::kind() const noexcept { return entry_->claim.kind; }
 const std::string& job_context::queue() const noexcept { return entry_->claim.queue; }
 const nlohmann::json& job_context::args() const { return entry_->args(); }
+const nlohmann::json& job_context::metadata() const { return entry_->metadata(); }
 finalization_token job_context::token() const noexcept { return entry_->claim.token(); }
 bool job_context::is_cancelled() const noexcept { return entry_->is_cancelled(); }
 bool job_context::wait_cancelled(milliseconds d) const {

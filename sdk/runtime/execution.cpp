@@ -1,5 +1,7 @@
 #include "sdk/runtime/execution.hpp"
 
+#include "sdk/runtime/middleware.hpp"
+
 #include <spdlog/spdlog.h>
 
 #include "tenure/log.hpp"
@@ -8,11 +10,11 @@ namespace tenure::detail {
 
 using std::chrono::milliseconds;
 
-namespace {
-
-struct skip_handler {};
-
-}  // namespace
+std::optional<std::string> execution::with_middleware(job_context& ctx, const std::function<attempt_report()>& call) {
+  middleware_chain chain{middlewares, ctx, *cfg.clock, call};
+  chain.run();
+  return chain.failure();
+}
 
 execution::execution(control& c, in_flight_table& t, settlement& s) : core(c), table(t), settle(s), cfg(c.cfg) {}
 
@@ -39,17 +41,25 @@ void execution::start(claimed_attempt c) {
   }
   asio::post(*core.workers, [this, entry, &fn = it->second] {
     job_outcome outcome = job_outcome::completed();
-    try {
-      if (auto problem = entry->args_problem()) {
-        outcome = job_outcome::fail(std::move(*problem));  // never retried: the args stay the same
-      } else {
-        job_context ctx{entry};
-        outcome = fn(ctx);
+    job_context ctx{entry};
+    const auto call = [&] {
+      try {
+        if (auto problem = entry->args_problem()) {
+          outcome = job_outcome::fail(std::move(*problem));  // never retried: the args stay the same
+        } else {
+          outcome = fn(ctx);
+        }
+      } catch (const std::exception& e) {
+        outcome = job_outcome::retry(std::string{"handler threw: "} + e.what());
+      } catch (...) {
+        outcome = job_outcome::retry("handler threw a non-standard exception");
       }
-    } catch (const std::exception& e) {
-      outcome = job_outcome::retry(std::string{"handler threw: "} + e.what());
-    } catch (...) {
-      outcome = job_outcome::retry("handler threw a non-standard exception");
+      return report_of(outcome);
+    };
+    if (middlewares.empty()) {
+      call();
+    } else if (auto failure = with_middleware(ctx, call)) {
+      outcome = job_outcome::retry(std::move(*failure));  // the handler's outcome is discarded
     }
     // The final progress becomes storable JSON text here, off the control thread.
     std::optional<std::string> progress;
@@ -78,35 +88,45 @@ void execution::run_caller_owned(const entry_ptr& entry, const runtime::caller_o
     handler_exit exit;
     {
       detail::gate_hold slot{owned_gate.get()};
-      try {
-        if (entry->is_cancelled()) {
-          // Cancelled, rescued or abandoned while waiting for a slot: never start the handler.
-          exit.what = handler_exit::how::cancelled;
-          exit.code = make_error_code(errc::stale_attempt);
-          exit.message = "cancelled before its handler started";
-          throw skip_handler{};
-        }
+      if (entry->is_cancelled()) {
+        // Cancelled, rescued or abandoned while waiting for a slot: never start the handler.
+        exit.what = handler_exit::how::cancelled;
+        exit.code = make_error_code(errc::stale_attempt);
+        exit.message = "cancelled before its handler started";
+      } else {
         caller_owned_context ctx{entry, cfg.sql_schema};
-        auto r = fn(ctx);
-        if (r) {
-          exit.what = handler_exit::how::receipt;
-          if (!(r.value().attempt() == entry->claim.attempt)) {
-            // A receipt for another attempt proves nothing about this one: evidence decides.
-            exit.message = "receipt names another attempt";
+        const auto call = [&] {
+          try {
+            auto r = fn(ctx);
+            if (r) {
+              exit.what = handler_exit::how::receipt;
+              if (!(r.value().attempt() == entry->claim.attempt)) {
+                // A receipt for another attempt proves nothing about this one: evidence decides.
+                exit.message = "receipt names another attempt";
+              }
+            } else {
+              exit.what = entry->is_cancelled() ? handler_exit::how::cancelled : handler_exit::how::error;
+              exit.code = r.error();
+              std::lock_guard lock(entry->mu);
+              exit.message = entry->failure_note.empty() ? r.error().message() : entry->failure_note;
+            }
+          } catch (const std::exception& e) {
+            exit.what = handler_exit::how::threw;
+            exit.message = std::string{"handler threw: "} + e.what();
+          } catch (...) {
+            exit.what = handler_exit::how::threw;
+            exit.message = "handler threw a non-standard exception";
           }
-        } else {
-          exit.what = entry->is_cancelled() ? handler_exit::how::cancelled : handler_exit::how::error;
-          exit.code = r.error();
-          std::lock_guard lock(entry->mu);
-          exit.message = entry->failure_note.empty() ? r.error().message() : entry->failure_note;
+          return attempt_report{attempt_outcome::caller_owned, exit.message, {}};
+        };
+        if (middlewares.empty()) {
+          call();
+        } else if (auto failure = with_middleware(ctx, call)) {
+          // As a handler exception: the durable evidence decides (a COMMIT the handler made stands).
+          exit.what = handler_exit::how::threw;
+          exit.code = {};
+          exit.message = std::move(*failure);
         }
-      } catch (const skip_handler&) {
-      } catch (const std::exception& e) {
-        exit.what = handler_exit::how::threw;
-        exit.message = std::string{"handler threw: "} + e.what();
-      } catch (...) {
-        exit.what = handler_exit::how::threw;
-        exit.message = "handler threw a non-standard exception";
       }
     }
     core.on_ctl([this, entry, exit = std::move(exit)]() mutable {

@@ -114,6 +114,14 @@ void runtime::handle_caller_owned(std::string kind, caller_owned_handler fn) {
   impl_->exec.handlers.erase(kind);
   impl_->exec.owned_handlers[std::move(kind)] = std::move(fn);
 }
+void runtime::use(middleware mw) {
+  if (impl_->started) {
+    // Handler threads read the chain without a lock once started.
+    tenure::logger()->error("tenure: use() after start() is ignored: add every middleware before start()");
+    return;
+  }
+  if (mw) impl_->exec.middlewares.push_back(std::move(mw));
+}
 void runtime::on_event(event_hook hook) {
   if (impl_->started) {
     // The control thread reads the hooks without a lock once started.

@@ -1178,4 +1178,125 @@ TEST_P(storage_contract, concurrent_completions_of_one_attempt_apply_once) {
   for (const auto& a : attempts) EXPECT_EQ(applied[a], 1) << "job " << a.job_id;
 }
 
+// ---- metadata ---------------------------------------------------------------------------------
+
+namespace {
+/// Claimed metadata as JSON (empty text means `{}`).
+json metadata_of(const claimed_attempt& c) { return c.metadata.empty() ? json::object() : json::parse(c.metadata); }
+}  // namespace
+
+TEST_P(storage_contract, metadata_round_trips_through_enqueue_claim_and_read_job) {
+  new_job traced = make_job();
+  traced.metadata = json{{"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+                         {"tenant", {{"id", 42}, {"name", "Ünïcode \"quoted\""}}}};
+  const auto id = add(traced);
+  new_job plain = make_job();
+  plain.metadata = nullptr;  // stored as {}
+  const auto plain_id = add(plain);
+  const auto untouched_id = add(make_job());
+  EXPECT_EQ(json::parse(read(id).metadata), traced.metadata);
+  EXPECT_EQ(json::parse(read(plain_id).metadata), json::object());
+  EXPECT_EQ(json::parse(read(untouched_id).metadata), json::object());
+
+  std::map<std::int64_t, json> claimed;
+  for (const auto& c : claim()) claimed[c.attempt.job_id] = metadata_of(c);
+  EXPECT_EQ(claimed.at(id), traced.metadata);
+  EXPECT_EQ(claimed.at(plain_id), json::object());
+  EXPECT_EQ(claimed.at(untouched_id), json::object());
+  EXPECT_EQ(json::parse(read(id).metadata), traced.metadata) << "a running job shows it too";
+}
+
+TEST_P(storage_contract, enqueue_batch_stores_each_jobs_metadata) {
+  std::vector<new_job> jobs{make_job("a"), make_job("b"), make_job("c")};
+  jobs[0].metadata = json{{"traceparent", "00-a-b-01"}};
+  jobs[2].metadata = json{{"n", 3}};
+  jobs[2].run_at = be().now() + 1h;
+  const auto ids = must(db().enqueue_batch(jobs));
+  ASSERT_THAT(ids, SizeIs(3));
+  for (std::size_t i = 0; i < jobs.size(); ++i) EXPECT_EQ(json::parse(read(ids[i]).metadata), jobs[i].metadata) << i;
+  EXPECT_EQ(read(ids[2]).state, job_state::scheduled);
+}
+
+TEST_P(storage_contract, metadata_travels_with_the_job_through_every_move) {
+  configure("dlq", {.dead_letter = true});
+  const json m{{"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}};
+  new_job j = make_job("k", "dlq");
+  j.metadata = m;
+  j.max_attempts = 3;
+  const auto id = add_at(j, 1min);  // scheduled, then promoted by the claim
+  auto expect_kept = [&](const std::string& where) { EXPECT_EQ(json::parse(read(id).metadata), m) << where; };
+  expect_kept("scheduled");
+  be().pass_time(2min);
+
+  auto c = claim_one("dlq");  // promoted and claimed: attempt 1
+  EXPECT_EQ(metadata_of(c), m);
+  EXPECT_EQ(must(db().fail(c.attempt, "boom", fail_disposition::retry, 0us)), job_state::retryable);
+  expect_kept("retryable");
+  be().pass_time(1s);
+  c = claim_one("dlq");  // attempt 2
+  EXPECT_EQ(metadata_of(c), m) << "after a retry";
+  must(db().snooze(c.attempt, 0us));
+  expect_kept("snoozed");
+  c = claim_one("dlq");  // attempt 2 again
+  EXPECT_EQ(metadata_of(c), m) << "after a snooze";
+  ASSERT_THAT(rescue_all(), SizeIs(1));
+  expect_kept("rescued");
+  c = claim_one("dlq");  // attempt 3, the last
+  EXPECT_EQ(metadata_of(c), m) << "after a rescue";
+  EXPECT_EQ(must(db().fail(c.attempt, "spent", fail_disposition::retry, 0us)), job_state::failed);
+  EXPECT_TRUE(read(id).dead_lettered);
+  expect_kept("dead-lettered");
+
+  ASSERT_TRUE(must(db().retry_job(id)));  // out of the dead-letter table
+  expect_kept("retried by an admin");
+  c = claim_one("dlq");
+  EXPECT_EQ(metadata_of(c), m) << "after an admin retry";
+  ASSERT_TRUE(complete(c.attempt));
+  expect_kept("completed");
+  ASSERT_TRUE(must(db().retry_job(id)));  // out of the terminal table
+  EXPECT_TRUE(must(db().cancel_job(id)));
+  expect_kept("cancelled while available");
+  ASSERT_TRUE(must(db().retry_job(id)));
+  c = claim_one("dlq");
+  must(db().cancel_attempt(c.attempt, "not wanted"));
+  expect_kept("cancelled by its handler");
+}
+
+TEST_P(storage_contract, invalid_metadata_is_refused_naming_the_field_and_nothing_is_enqueued) {
+  std::vector<std::pair<std::string, json>> bad = {
+      {"array", json::array({1, 2})},
+      {"string", "00-a-b-01"},
+      {"number", 7},
+      {"boolean", true},
+      {"NUL character", json{{"s", std::string("a\0b", 3)}}},
+      {"invalid UTF-8", json{{"s", std::string("\xff")}}},
+      // {"k": "..."} is printed by PostgreSQL as 9 bytes plus the string.
+      {"one byte too long", json{{"k", std::string(k_max_metadata_size - 9 + 1, 'x')}}},
+      {"far too long", json{{"k", std::string(100'000, 'x')}}},
+  };
+  for (const auto& [what, metadata] : bad) {
+    new_job j = make_job();
+    j.metadata = metadata;
+    auto single = db().enqueue(j);
+    EXPECT_TRUE(fails_with(single, errc::invalid_argument)) << what;
+    if (!single) {
+      EXPECT_THAT(single.error().detail(), StartsWith("metadata")) << what;
+    }
+    const std::vector<new_job> batch{make_job(), j};
+    EXPECT_TRUE(fails_with(db().enqueue_batch(batch), errc::invalid_argument)) << what;
+  }
+  EXPECT_THAT(claim("default"), IsEmpty());
+
+  // The limit counts the text as PostgreSQL prints it: a space after each ':' and ','.
+  new_job at_limit = make_job();
+  at_limit.metadata = json{{"k", std::string(k_max_metadata_size - 9, 'x')}};
+  const auto id = add(at_limit);
+  EXPECT_EQ(json::parse(read(id).metadata), at_limit.metadata);
+  new_job spaced = make_job();
+  spaced.metadata = json{{"a", 1}, {"b", std::string(k_max_metadata_size - 17, 'x')}};  // {"a": 1, "b": "..."}
+  EXPECT_TRUE(must(db().enqueue(spaced)) > 0);
+  spaced.metadata["b"] = std::string(k_max_metadata_size - 16, 'x');
+  EXPECT_TRUE(fails_with(db().enqueue(spaced), errc::invalid_argument));
+}
+
 }  // namespace tenure::contract

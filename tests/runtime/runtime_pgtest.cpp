@@ -1,6 +1,7 @@
 // Worker runtime behaviour against the real PostgreSQL: dispatch, wake-up, batching, heartbeats,
 // rescue, cancellation, retries, hooks, metrics, graceful shutdown.
 #include <atomic>
+#include <map>
 #include <mutex>
 #include <set>
 
@@ -464,6 +465,45 @@ TEST_F(runtime_pg, create_refuses_a_maintenance_lease_below_twice_the_interval_o
   cfg.maintenance_lease = 200ms;
   auto r = postgres::make_runtime({.dsn = schema_.dsn(), .schema = schema_.name(), .runtime = cfg});
   EXPECT_TRUE(r) << "twice the interval is enough";
+}
+
+TEST_F(runtime_pg, metadata_from_the_store_and_the_sql_functions_reaches_handlers_and_middleware) {
+  const nlohmann::json m{{"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}};
+  auto store = open_store();
+  std::map<std::string, std::string> path_of;  // job id -> how it was enqueued
+  path_of[std::to_string(store->enqueue({.kind = "k", .metadata = m}).value())] = "store enqueue";
+  const std::vector<new_job> batch{{.kind = "k", .metadata = m}};
+  path_of[std::to_string(store->enqueue_batch(batch).value().at(0))] = "store enqueue_batch";
+  path_of[db_.scalar("SELECT " + s("enqueue") + "('k', metadata => $1::jsonb)", {m.dump()})] = "sql enqueue";
+  path_of[db_.scalar("SELECT job_id FROM " + s("enqueue_batch") +
+                         "(ARRAY['k'], ARRAY['{}']::jsonb[], ARRAY['default'], ARRAY[2], metadatas => ARRAY[$1]::jsonb[])",
+                     {m.dump()})] = "sql enqueue_batch";
+  path_of[std::to_string(store->enqueue({.kind = "k"}).value())] = "none";
+  auto rt = make();
+  std::mutex mu;
+  std::map<std::string, nlohmann::json> handler_saw, middleware_saw;
+  rt->use([&](job_context& ctx, attempt_next& next) {
+    {
+      std::lock_guard lock(mu);
+      middleware_saw[std::to_string(ctx.job_id())] = ctx.metadata();
+    }
+    next();
+  });
+  rt->handle("k", [&](job_context& ctx) {
+    std::lock_guard lock(mu);
+    handler_saw[std::to_string(ctx.job_id())] = ctx.metadata();
+    return job_outcome::completed();
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return count("state = 'completed'") == 5; }));
+  rt->stop();
+  ASSERT_EQ(handler_saw.size(), 5u);
+  for (const auto& [id, path] : path_of) {
+    const auto want = path == "none" ? nlohmann::json::object() : m;
+    EXPECT_EQ(handler_saw[id], want) << path;
+    EXPECT_EQ(middleware_saw[id], want) << path;
+    EXPECT_EQ(nlohmann::json::parse(store->read_job(std::stoll(id)).value().metadata), want) << path << ", completed";
+  }
 }
 
 }  // namespace

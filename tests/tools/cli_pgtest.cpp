@@ -13,15 +13,18 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "migrations.hpp"  // migrate_up_to: installs an older schema version
+#include "tenure/postgres/runtime.hpp"
 
 extern char** environ;
 
@@ -243,17 +246,17 @@ class cli_pg : public testing::Test {
 TEST_F(cli_pg, migrate_then_migrate_again_is_a_no_op) {
   auto first = tenure({"migrate"});
   expect_success(first);
-  EXPECT_EQ(first.out, "schema " + schema_ + ": migrated from version 0 to 8\n");
+  EXPECT_EQ(first.out, "schema " + schema_ + ": migrated from version 0 to 9\n");
 
   auto second = tenure({"migrate"});
   expect_success(second);  // in particular no server NOTICE leaking onto stderr
-  EXPECT_EQ(second.out, "schema " + schema_ + ": already at version 8\n");
+  EXPECT_EQ(second.out, "schema " + schema_ + ": already at version 9\n");
 }
 
 TEST_F(cli_pg, environment_supplies_database_and_schema) {
   auto r = run_tenure({"migrate"}, {{"DATABASE_URL", dsn_}, {"TENURE_SCHEMA", schema_}});
   expect_success(r);
-  EXPECT_EQ(r.out, "schema " + schema_ + ": migrated from version 0 to 8\n");
+  EXPECT_EQ(r.out, "schema " + schema_ + ": migrated from version 0 to 9\n");
 }
 
 // ---- enqueue and job show --------------------------------------------------------------------
@@ -304,6 +307,45 @@ TEST_F(cli_pg, bad_json_is_one_line_and_writes_nothing) {
     expect_one_error_line(r, 1, "--args is not valid JSON");
     EXPECT_NE(r.err.find("line 1, column"), std::string::npos) << r;  // names the position
   }
+  EXPECT_EQ(status()["total"]["total"], 0);
+}
+
+TEST_F(cli_pg, enqueue_metadata_is_shown_by_job_show_and_handed_to_the_handler) {
+  migrate();
+  const std::string traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  const auto traced = enqueue({"k", "--metadata", R"({"traceparent":")" + traceparent + R"("})"});
+  const auto plain = enqueue({"k"});
+  EXPECT_EQ(show(traced)["metadata"], (nlohmann::json{{"traceparent", traceparent}}));
+  EXPECT_EQ(show(plain)["metadata"], nlohmann::json::object());
+  const auto text = tenure({"job", "show", std::to_string(traced)});
+  expect_success(text);
+  EXPECT_NE(text.out.find("\n  metadata      {\"traceparent\": \"" + traceparent + "\"}\n"), std::string::npos) << text;
+
+  auto rt = tenure::postgres::make_runtime({.dsn = dsn_, .schema = schema_});
+  ASSERT_TRUE(rt) << rt.error().message();
+  std::mutex mu;
+  std::map<std::int64_t, nlohmann::json> seen;
+  rt.value()->handle("k", [&](tenure::job_context& ctx) {
+    std::lock_guard lock(mu);
+    seen[ctx.job_id()] = ctx.metadata();
+    return tenure::job_outcome::completed();
+  });
+  ASSERT_TRUE(rt.value()->start());
+  const auto completed = [&] { return db_->exec("SELECT count(*) FROM " + schema_ + ".jobs WHERE state = 'completed'"); };
+  for (int i = 0; i < 2000 && completed() != "2"; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  rt.value()->stop();
+  std::lock_guard lock(mu);
+  EXPECT_EQ(seen[traced], (nlohmann::json{{"traceparent", traceparent}}));
+  EXPECT_EQ(seen[plain], nlohmann::json::object());
+}
+
+TEST_F(cli_pg, bad_metadata_is_one_line_naming_the_option_and_writes_nothing) {
+  migrate();
+  expect_one_error_line(tenure({"enqueue", "k", "--metadata", "[1]"}), 1,
+                        "--metadata must be a JSON object (e.g. {\"id\": 42}), not a JSON array");
+  expect_one_error_line(tenure({"enqueue", "k", "--metadata", R"({"a":)"}), 1, "--metadata is not valid JSON");
+  expect_one_error_line(tenure({"enqueue", "k", "--metadata", R"({"k":")" + std::string(9000, 'x') + R"("})"}), 1,
+                        "--metadata is 9009 bytes as JSON text, more than 8192");
   EXPECT_EQ(status()["total"]["total"], 0);
 }
 
@@ -745,7 +787,7 @@ TEST_F(cli_pg, grant_finalizer_gives_complete_job_and_nothing_else) {
   EXPECT_FALSE(has("has_table_privilege('" + role + "', '" + schema_ + ".ready', 'SELECT')"));
   EXPECT_FALSE(has("has_table_privilege('" + role + "', '" + schema_ + ".jobs', 'SELECT')"));
   EXPECT_FALSE(has("has_function_privilege('" + role + "', '" + schema_ +
-                   ".enqueue(text,jsonb,text,int,timestamptz,int)', 'EXECUTE')"));
+                   ".enqueue(text,jsonb,text,int,timestamptz,int,jsonb)', 'EXECUTE')"));
 }
 
 TEST_F(cli_pg, grant_worker_and_producer_succeed) {
@@ -754,7 +796,7 @@ TEST_F(cli_pg, grant_worker_and_producer_succeed) {
   expect_success(tenure({"grant-worker", role}));
   expect_success(tenure({"grant-producer", role}));
   EXPECT_EQ(db_->exec("SELECT has_function_privilege('" + role + "', '" + schema_ +
-                      ".enqueue(text,jsonb,text,int,timestamptz,int)', 'EXECUTE')"),
+                      ".enqueue(text,jsonb,text,int,timestamptz,int,jsonb)', 'EXECUTE')"),
             "t");
   EXPECT_EQ(db_->exec("SELECT has_table_privilege('" + role + "', '" + schema_ + ".jobs', 'SELECT')"), "t");
 }
@@ -946,7 +988,7 @@ TEST_F(cli_pg, version_and_help_go_to_stdout) {
   auto version = run_tenure({"--version"});
   expect_success(version);
   EXPECT_TRUE(
-      std::regex_match(version.out, std::regex{R"(tenure [0-9]+\.[0-9]+\.[0-9]+ \(schema version 8\)\n)"}))
+      std::regex_match(version.out, std::regex{R"(tenure [0-9]+\.[0-9]+\.[0-9]+ \(schema version 9\)\n)"}))
       << version;
   auto help = run_tenure({"--help"});
   expect_success(help);

@@ -377,6 +377,19 @@ TEST_F(serve_pg, job_args_are_escaped_in_html_and_pages_forbid_foreign_scripts) 
   EXPECT_TRUE(js.has_header("Content-Type: text/javascript; charset=utf-8")) << js.head;
 }
 
+TEST_F(serve_pg, a_jobs_metadata_is_in_the_api_as_json_and_escaped_on_its_page) {
+  const auto id = std::stoll(*sql(dsn_, "SELECT " + schema_ + ".enqueue('work', '{}'::jsonb, 'mail', " +
+                                            "metadata => '{\"traceparent\": \"00-ab\", \"tenant\": \"<i>t</i>\"}')"));
+  const auto j = request(port(), "GET", "/api/jobs/" + std::to_string(id)).json();
+  EXPECT_EQ(j["metadata"]["traceparent"], "00-ab");
+  EXPECT_EQ(j["metadata"]["tenant"], "<i>t</i>");
+  const auto page = request(port(), "GET", "/jobs/" + std::to_string(id));
+  ASSERT_EQ(page.status, 200);
+  EXPECT_NE(page.body.find("&lt;i&gt;t&lt;/i&gt;"), std::string::npos) << page.body;
+  EXPECT_EQ(page.body.find("<i>t</i>"), std::string::npos);
+  sql(dsn_, "SELECT " + schema_ + ".cancel_job(" + std::to_string(id) + ")");
+}
+
 // ---- hostile clients -------------------------------------------------------------------------------
 
 TEST_F(serve_pg, oversized_requests_are_431_or_413_and_the_server_still_answers) {

@@ -84,13 +84,14 @@ std::shared_ptr<postgres::store> open_store(const std::string& dsn, const std::s
 
 /// Enqueues `n` jobs of `kind` (no-op by default) in batches of one statement each; returns
 /// jobs per second.
-double enqueue_batches(const std::string& dsn, const std::string& schema, int n, const std::string& kind = "noop") {
+double enqueue_batches(const std::string& dsn, const std::string& schema, int n, const std::string& kind = "noop",
+                       const nlohmann::json& metadata = nlohmann::json::object()) {
   auto store = open_store(dsn, schema, 1);
   const auto t0 = clock::now();
   std::vector<new_job> chunk;
   for (int done = 0; done < n;) {
     const int k = std::min(5'000, n - done);
-    chunk.assign(static_cast<std::size_t>(k), new_job{.kind = kind, .queue = k_queue});
+    chunk.assign(static_cast<std::size_t>(k), new_job{.kind = kind, .queue = k_queue, .metadata = metadata});
     auto ids = store->enqueue_batch(chunk);
     if (!ids) throw std::runtime_error("bench: enqueue failed: " + ids.error().message());
     done += k;
@@ -185,7 +186,7 @@ std::vector<double> pickup_latencies(const std::string& dsn, const std::string& 
 
 nlohmann::json run_runtime(const options& o, const std::string& schema) {
   pg_session admin(o.dsn);
-  const double enqueue_rate = enqueue_batches(o.dsn, schema, o.jobs);
+  const double enqueue_rate = enqueue_batches(o.dsn, schema, o.jobs, "noop", o.metadata);
   settle();
   const auto before = read_counters(admin);
 

@@ -23,6 +23,8 @@ struct options {
   /// enqueue-single: make every enqueue pay for a NOTIFY (as a per-commit NOTIFY design would),
   /// for an A/B against tenure's NOTIFY-only-while-a-worker-sleeps wake-up.
   bool notify_always = false;
+  /// runtime: the metadata every job carries (what a claim returns with each job).
+  nlohmann::json metadata = nlohmann::json::object();
 };
 
 /// Runs one scenario; returns the JSON object it printed. Throws std::runtime_error with a

@@ -193,11 +193,13 @@ ordered_json job_fields(const job_info& j) {
   out["last_error"] = j.last_error ? ordered_json(*j.last_error) : nullptr;
   out["progress"] = j.progress ? json_value(*j.progress) : nullptr;
   out["dead_lettered"] = j.dead_lettered;
+  out["metadata"] = nullptr;  // replaced by the text the database holds, as args
   return out;
 }
 
-std::string job_json_text(const ordered_json& fields, const std::string& args_text, int indent) {
-  // Members are printed one by one to splice the args text in. User data (kinds, errors) may hold
+std::string job_json_text(const ordered_json& fields, const std::string& args_text,
+                          const std::string& metadata_text, int indent) {
+  // Members are printed one by one to splice the args and metadata texts in. User data (kinds, errors) may hold
   // invalid UTF-8: it becomes U+FFFD instead of an exception.
   auto dump = [](const ordered_json& v) { return v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); };
   const std::string pad = indent >= 0 ? "\n" + std::string(static_cast<std::size_t>(indent), ' ') : "";
@@ -208,7 +210,7 @@ std::string job_json_text(const ordered_json& fields, const std::string& args_te
     text += first ? pad : "," + pad;
     first = false;
     text += ordered_json(key).dump() + colon;
-    text += key == "args" ? args_text : dump(value);
+    text += key == "args" ? args_text : key == "metadata" ? metadata_text : dump(value);
   }
   text += indent >= 0 ? "\n}" : "}";
   return text;

@@ -96,13 +96,15 @@ struct attempt_info {
 };
 attempt_info read_attempt(pg_session& db, const std::string& schema, std::int64_t job_id);
 
-/// A job's fields as JSON, with "args" null: job_json_text() puts the stored text in its place.
+/// A job's fields as JSON, with "args" and "metadata" null: job_json_text() puts the stored texts
+/// in their places.
 ordered_json job_fields(const job_info& j);
 
-/// `fields` as JSON text (indented by `indent`, -1 for one line) with the value of "args" being
-/// `args_text` verbatim: jsonb's own text, valid JSON, never parsed (a number no double holds, an
-/// integer past 64 bits, would change on the way).
-std::string job_json_text(const ordered_json& fields, const std::string& args_text, int indent);
+/// `fields` as JSON text (indented by `indent`, -1 for one line) with the values of "args" and
+/// "metadata" being `args_text` and `metadata_text` verbatim: jsonb's own text, valid JSON, never
+/// parsed (a number no double holds, an integer past 64 bits, would change on the way).
+std::string job_json_text(const ordered_json& fields, const std::string& args_text, const std::string& metadata_text,
+                          int indent);
 
 /// Stored JSON text as a JSON value; the raw text as a string if it is not JSON.
 ordered_json json_value(const std::string& text);

@@ -1,10 +1,13 @@
 // tenure bench [--jobs N] [--mode runtime|sql-limit|enqueue-single|caller-owned|prune] [--prune-rows N] [--producers P] [--seconds S]
-//              [--rate R]
+//              [--rate R] [--metadata JSON]
 // Runs an end-to-end scenario on the database (a fresh schema, dropped afterwards) and prints
 // one JSON line. Without --database-url / DATABASE_URL it starts the project's private
 // PostgreSQL (scripts/pg) when run from a source tree.
 #include <cstdio>
 #include <iostream>
+#include <memory>
+
+#include <nlohmann/json.hpp>
 
 #include "bench/bench.hpp"
 #include "cli/commands.hpp"
@@ -65,10 +68,17 @@ void register_bench(CLI::App& app, context& ctx) {
   cmd->add_option("--prune-rows", opts->prune_rows, "prune: expired finished jobs the leader deletes during the drain")
       ->check([](const std::string& t) { return check_integer(t, 1, 100'000'000); }, "1..100000000")
       ->capture_default_str();
+  auto metadata_text = std::make_shared<std::string>();
+  cmd->add_option("--metadata", *metadata_text, "runtime: metadata (a JSON object) every job carries")
+      ->check([](const std::string& t) -> std::string {
+        const auto v = nlohmann::json::parse(t, nullptr, /*allow_exceptions=*/false);
+        return v.is_object() ? std::string{} : "must be a JSON object";
+      }, "JSON");
   cmd->add_flag("--keep-schema", opts->keep_schema, "Keep the bench schema for inspection");
   cmd->add_flag("--notify-always", opts->notify_always,
                 "enqueue-single: every enqueue pays for a NOTIFY (the per-commit design, for comparison)");
-  cmd->callback([&ctx, opts] {
+  cmd->callback([&ctx, opts, metadata_text] {
+    if (!metadata_text->empty()) opts->metadata = nlohmann::json::parse(*metadata_text);
     ctx.run = [&ctx, opts] {
       opts->dsn = ctx.database_url.empty() ? private_dsn() : ctx.database_url;
       try {

@@ -1,5 +1,5 @@
 // tenure enqueue KIND [--args JSON] [--queue Q] [--priority N] [--run-at TIME | --delay SECONDS]
-//                     [--max-attempts N]
+//                     [--max-attempts N] [--metadata JSON]
 #include <chrono>
 #include <cmath>
 #include <iostream>
@@ -26,11 +26,13 @@ struct enqueue_options {
   std::string run_at;
   double delay_seconds = -1;  ///< < 0: not given
   int max_attempts = k_default_max_attempts;
+  std::string metadata = "{}";
 };
 
-/// Parses --args; a command_error naming the parse position otherwise.
-nlohmann::json parse_args(const std::string& text) {
-  if (auto why = check_json_integers(text); !why.empty()) throw command_error("--args: " + why);
+/// Parses --args or --metadata (`option`): a JSON object; a command_error naming the parse
+/// position otherwise.
+nlohmann::json parse_object(const std::string& text, const std::string& option) {
+  if (auto why = check_json_integers(text); !why.empty()) throw command_error(option + ": " + why);
   nlohmann::json args;
   try {
     args = nlohmann::json::parse(text);
@@ -42,12 +44,11 @@ nlohmann::json parse_args(const std::string& text) {
         message.starts_with("[json.exception") && end != std::string::npos) {
       message.erase(0, end + 2);
     }
-    throw command_error("--args is not valid JSON: " + message);
+    throw command_error(option + " is not valid JSON: " + message);
   }
-  // Handlers read named fields: args are an object, as the database requires.
+  // Handlers read named fields: args and metadata are objects, as the database requires.
   if (!args.is_object()) {
-    throw command_error(std::string{"--args must be a JSON object (e.g. {\"id\": 42}), not a JSON "} +
-                        args.type_name());
+    throw command_error(option + " must be a JSON object (e.g. {\"id\": 42}), not a JSON " + args.type_name());
   }
   return args;
 }
@@ -68,12 +69,14 @@ int run_enqueue(const context& ctx, const enqueue_options& o) {
   // nothing.
   new_job job;
   job.kind = o.kind;
-  job.args = parse_args(o.args);
+  job.args = parse_object(o.args, "--args");
+  job.metadata = parse_object(o.metadata, "--metadata");
   job.queue = o.queue;
   job.priority = o.priority;
   job.run_at = run_at_of(o);
   job.max_attempts = o.max_attempts;
-  if (!validate(job)) {
+  if (auto valid = validate(job); !valid) {
+    if (valid.error().detail().starts_with("metadata")) throw command_error("--" + valid.error().detail());
     throw command_error("invalid job: KIND must be 1.." + std::to_string(k_max_kind_size) +
                         " characters and --queue 1.." + std::to_string(k_max_queue_size) +
                         ", without control characters");
@@ -116,6 +119,9 @@ void register_enqueue(CLI::App& app, context& ctx) {
   cmd->add_option("--max-attempts", o->max_attempts, "Executions before the job fails for good")
       ->check([](const std::string& text) { return check_integer(text, 1, std::numeric_limits<int>::max()); },
               "1..2147483647")
+      ->capture_default_str();
+  cmd->add_option("--metadata", o->metadata,
+                  "Job metadata as a JSON object, e.g. a W3C trace context: {\"traceparent\": \"00-...\"}")
       ->capture_default_str();
   cmd->callback([&ctx, o] { ctx.run = [&ctx, o] { return run_enqueue(ctx, *o); }; });
 }

@@ -28,7 +28,9 @@ job_info read_or_fail(postgres::store& store, std::int64_t id) {
   return std::move(job).value();
 }
 
-void print_json(const job_info& j) { std::cout << admin::job_json_text(admin::job_fields(j), j.args, 2) << '\n'; }
+void print_json(const job_info& j) {
+  std::cout << admin::job_json_text(admin::job_fields(j), j.args, j.metadata, 2) << '\n';
+}
 
 void print_text(const job_info& j) {
   auto field = [](const char* name, const std::string& value) {
@@ -50,6 +52,7 @@ void print_text(const job_info& j) {
   field("last error", j.last_error.value_or(none));
   field("progress", j.progress.value_or(none));
   field("dead-lettered", j.dead_lettered ? "yes" : "no");
+  field("metadata", j.metadata);
 }
 
 int run_show(const context& ctx, std::int64_t id, bool json) {

@@ -225,6 +225,7 @@ std::string render_job(const job_info& j, const cli::admin::attempt_info& attemp
   field("Queue", "queue", j.queue);
   field("State", "state", std::string{to_string(j.state)} + (j.dead_lettered ? " (dead-lettered)" : ""));
   field("Args", "args", j.args, true);
+  field("Metadata", "metadata", j.metadata, true);
   field("Attempt", "attempt", std::to_string(j.attempt) + " of " + std::to_string(j.max_attempts));
   field("Run lease", "run_lease", std::to_string(j.run_lease));
   field("Priority", "priority", std::to_string(j.priority));

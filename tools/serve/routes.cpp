@@ -189,7 +189,7 @@ response api_job(app& a, std::int64_t id) {
   fields["worker"] = opt(attempt.worker);
   fields["claimed_at"] = opt(attempt.claimed_at);
   fields["heartbeat_at"] = opt(attempt.heartbeat_at);
-  return json_answer(200, admin::job_json_text(fields, job.args, -1));
+  return json_answer(200, admin::job_json_text(fields, job.args, job.metadata, -1));
 }
 
 response api_job_action(app& a, std::int64_t id, bool retry) {

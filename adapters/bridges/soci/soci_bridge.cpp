@@ -41,11 +41,12 @@ auto guarded(soci::session& session, const char* what, Fn&& fn) -> decltype(fn()
   }
 }
 
-/// JSON text of a job's args; nullopt when they cannot be serialized (e.g. invalid UTF-8).
-std::optional<std::string> args_text(const new_job& job) {
-  if (job.args.is_null()) return "{}";
+/// JSON text of a job's args or metadata (null: `{}`); nullopt when they cannot be serialized
+/// (e.g. invalid UTF-8).
+std::optional<std::string> json_text(const nlohmann::json& v) {
+  if (v.is_null()) return "{}";
   try {
-    return job.args.dump();
+    return v.dump();
   } catch (const nlohmann::json::exception&) {
     return std::nullopt;
   }
@@ -85,17 +86,18 @@ result<std::int64_t> enqueue(soci::session& session, const new_job& job, const s
   if (!postgres::valid_schema_name(options.schema)) return errc::invalid_argument;
   return guarded(session, "enqueue", [&]() -> result<std::int64_t> {
     long long id = 0;
-    auto maybe_args = args_text(job);
-    if (!maybe_args) return errc::invalid_argument;
-    std::string kind = job.kind, args = *maybe_args, queue = job.queue;
+    auto maybe_args = json_text(job.args);
+    auto maybe_metadata = json_text(job.metadata);
+    if (!maybe_args || !maybe_metadata) return errc::invalid_argument;
+    std::string kind = job.kind, args = *maybe_args, queue = job.queue, metadata = *maybe_metadata;
     std::string run_at = job.run_at ? postgres::timestamp_text(*job.run_at) : std::string{};
     soci::indicator run_at_ind = job.run_at ? soci::i_ok : soci::i_null;
     int priority = job.priority, max_attempts = job.max_attempts;
     session << "SELECT " + options.schema +
                    ".enqueue(:kind, CAST(:args AS jsonb), :queue, :priority, CAST(:run_at AS timestamptz), "
-                   ":max_attempts)",
+                   ":max_attempts, CAST(:metadata AS jsonb))",
         soci::use(kind), soci::use(args), soci::use(queue), soci::use(priority), soci::use(run_at, run_at_ind),
-        soci::use(max_attempts), soci::into(id);
+        soci::use(max_attempts), soci::use(metadata), soci::into(id);
     return static_cast<std::int64_t>(id);
   });
 }
@@ -104,13 +106,14 @@ result<std::vector<std::int64_t>> enqueue_batch(soci::session& session, std::spa
                                                 const sql_options& options) {
   if (jobs.empty()) return std::vector<std::int64_t>{};
   if (!postgres::valid_schema_name(options.schema)) return errc::invalid_argument;
-  std::vector<std::optional<std::string>> kinds, args, queues, run_ats;
+  std::vector<std::optional<std::string>> kinds, args, queues, run_ats, metadatas;
   std::vector<std::int64_t> priorities, max_attempts;
   for (const auto& j : jobs) {
     TENURE_TRYV(validate(j));
     kinds.emplace_back(j.kind);
-    args.emplace_back(args_text(j));
-    if (!args.back()) return errc::invalid_argument;
+    args.emplace_back(json_text(j.args));
+    metadatas.emplace_back(json_text(j.metadata));
+    if (!args.back() || !metadatas.back()) return errc::invalid_argument;
     queues.emplace_back(j.queue);
     run_ats.push_back(j.run_at ? std::optional{postgres::timestamp_text(*j.run_at)} : std::nullopt);
     priorities.push_back(j.priority);
@@ -120,13 +123,14 @@ result<std::vector<std::int64_t>> enqueue_batch(soci::session& session, std::spa
     using postgres::int_array;
     using postgres::text_array;
     std::string k = text_array(kinds), a = text_array(args), q = text_array(queues), r = text_array(run_ats),
-                p = int_array(priorities), m = int_array(max_attempts);
+                p = int_array(priorities), m = int_array(max_attempts), d = text_array(metadatas);
     // One statement for the whole batch; the id column comes back as one array in input order.
     std::string ids_text;
     session << "SELECT array_agg(job_id ORDER BY ord)::text FROM " + options.schema +
                    ".enqueue_batch(CAST(:k AS text[]), CAST(:a AS jsonb[]), CAST(:q AS text[]), "
-                   "CAST(:p AS int[]), CAST(:r AS timestamptz[]), CAST(:m AS int[]))",
-        soci::use(k), soci::use(a), soci::use(q), soci::use(p), soci::use(r), soci::use(m), soci::into(ids_text);
+                   "CAST(:p AS int[]), CAST(:r AS timestamptz[]), CAST(:m AS int[]), CAST(:d AS jsonb[]))",
+        soci::use(k), soci::use(a), soci::use(q), soci::use(p), soci::use(r), soci::use(m), soci::use(d),
+        soci::into(ids_text);
     std::vector<std::int64_t> ids;
     ids.reserve(jobs.size());
     std::int64_t cur = 0;

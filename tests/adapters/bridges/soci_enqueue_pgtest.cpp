@@ -3,12 +3,15 @@
 
 #include <sys/socket.h>
 
+#include <map>
+#include <mutex>
 #include <thread>
 #include <vector>
 
 #include <soci/postgresql/soci-postgresql.h>
 
 #include "support/pg.hpp"
+#include "tenure/postgres/runtime.hpp"
 #include "tenure/soci.hpp"
 
 using tenure::test::pg;
@@ -99,6 +102,57 @@ TEST_F(soci_enqueue, invalid_job_is_rejected_before_anything_is_sent) {
   EXPECT_EQ(count("SELECT count(*) FROM " + schema_.name() + ".orders"), 1);
 }
 
+TEST_F(soci_enqueue, metadata_enqueued_in_the_callers_transaction_reaches_the_handler) {
+  const nlohmann::json m{{"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}};
+  soci::transaction tx(session_);
+  auto one = tenure::enqueue(session_, {.kind = "charge", .metadata = m}, opts_);
+  ASSERT_TRUE(one) << one.error().message();
+  const std::vector<tenure::new_job> jobs{{.kind = "charge", .metadata = m}, {.kind = "charge"}};
+  auto many = tenure::enqueue_batch(session_, jobs, opts_);
+  ASSERT_TRUE(many) << many.error().message();
+  tx.commit();
+
+  tenure::runtime_config cfg;
+  cfg.poll_interval = std::chrono::milliseconds{20};
+  cfg.flush_delay = std::chrono::milliseconds{1};
+  auto rt = tenure::postgres::make_runtime({.dsn = schema_.dsn(), .schema = schema_.name(), .runtime = cfg});
+  ASSERT_TRUE(rt) << rt.error().message();
+  std::mutex mu;
+  std::map<std::int64_t, nlohmann::json> seen;
+  rt.value()->handle("charge", [&](tenure::job_context& ctx) {
+    std::lock_guard lock(mu);
+    seen[ctx.job_id()] = ctx.metadata();
+    return tenure::job_outcome::completed();
+  });
+  ASSERT_TRUE(rt.value()->start());
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds{20};
+  while (count("SELECT count(*) FROM " + schema_.name() + ".jobs WHERE state = 'completed'") < 3 &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds{5});
+  }
+  rt.value()->stop();
+  std::lock_guard lock(mu);
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen[one.value()], m);
+  EXPECT_EQ(seen[many.value()[0]], m);
+  EXPECT_EQ(seen[many.value()[1]], nlohmann::json::object());
+}
+
+TEST_F(soci_enqueue, invalid_metadata_is_refused_naming_it_before_anything_is_sent) {
+  soci::transaction tx(session_);
+  auto r = tenure::enqueue(session_, {.kind = "k", .metadata = nlohmann::json::array({1})}, opts_);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), tenure::errc::invalid_argument);
+  EXPECT_EQ(r.error().detail(), "metadata must be a JSON object, not array");
+  const std::vector<tenure::new_job> jobs{{.kind = "k", .metadata = {{"k", std::string(10'000, 'x')}}}};
+  auto batch = tenure::enqueue_batch(session_, jobs, opts_);
+  ASSERT_FALSE(batch);
+  EXPECT_EQ(batch.error().detail(), "metadata is 10009 bytes as JSON text, more than 8192");
+  session_ << "INSERT INTO " + schema_.name() + ".orders (note) VALUES ('still fine')";  // nothing was sent
+  tx.commit();
+  EXPECT_EQ(count("SELECT count(*) FROM " + schema_.name() + ".jobs"), 0);
+}
+
 TEST_F(soci_enqueue, batch_is_one_statement_with_ids_in_input_order) {
   std::vector<tenure::new_job> jobs;
   for (int i = 0; i < 2000; ++i) {
@@ -116,7 +170,7 @@ TEST_F(soci_enqueue, batch_is_one_statement_with_ids_in_input_order) {
                   ".enqueue_batch'::regproc), 0)",
       soci::into(batch_calls);
   session_ << "SELECT coalesce(pg_stat_get_xact_function_calls('" + schema_.name() +
-                  ".enqueue(text,jsonb,text,int,timestamptz,int)'::regprocedure), 0)",
+                  ".enqueue(text,jsonb,text,int,timestamptz,int,jsonb)'::regprocedure), 0)",
       soci::into(single_calls);
   EXPECT_EQ(batch_calls, 1);
   EXPECT_EQ(single_calls, 0);

@@ -141,6 +141,67 @@ TEST_F(sql_contract, enqueue_refuses_args_that_are_not_an_object_and_run_at_the_
             "1");
 }
 
+TEST_F(sql_contract, enqueue_takes_metadata_as_a_named_last_parameter_and_claim_returns_it) {
+  const std::string m = R"({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})";
+  const auto traced = db_.scalar("SELECT " + s("enqueue") + "('k', metadata => $1::jsonb)", {m});
+  const auto positional = db_.scalar("SELECT " + s("enqueue") + "('k', '{}', 'default', 2, NULL, 25, $1::jsonb)", {m});
+  const auto old_style = enqueue("k", ", '{}', 'default', 2, NULL, 25");  // every older call still works
+  const auto null_metadata = enqueue("k", ", metadata => NULL");          // stored as {}
+  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("enqueue_batch") +
+                       "(ARRAY['a','b'], ARRAY['{}','{}']::jsonb[], ARRAY['default','default'], ARRAY[2,2], "
+                       "metadatas => ARRAY[$1, NULL]::jsonb[])",
+                       {m}),
+            "2");
+  auto shown = db_.exec("SELECT id, metadata::text FROM " + s("jobs") + " ORDER BY id");
+  ASSERT_EQ(shown.rows.size(), 6u);
+  const std::vector<std::string> expected = {m, m, "{}", "{}", m, "{}"};
+  for (std::size_t i = 0; i < expected.size(); ++i) EXPECT_EQ(shown.at(i, 1), expected[i]) << i;
+  EXPECT_EQ(shown.at(0, 0), traced);
+  EXPECT_EQ(shown.at(1, 0), positional);
+  EXPECT_EQ(shown.at(2, 0), old_style);
+  EXPECT_EQ(shown.at(3, 0), null_metadata);
+
+  auto claimed = db_.exec("SELECT job_id, metadata::text FROM " + s("claim") + "('default', 10) ORDER BY job_id");
+  ASSERT_EQ(claimed.rows.size(), 6u);
+  for (std::size_t i = 0; i < expected.size(); ++i) EXPECT_EQ(claimed.at(i, 1), expected[i]) << i;
+  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("jobs") + " WHERE state = 'running' AND metadata = $1::jsonb", {m}),
+            "3")
+      << "a running job shows its metadata";
+}
+
+TEST_F(sql_contract, enqueue_refuses_metadata_that_is_not_an_object_or_longer_than_8192_bytes_with_22023) {
+  const std::string at_limit = std::string(8192 - 9, 'x');  // {"k": "..."} is 9 bytes of text around it
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"'[1,2]'", "metadata must be a JSON object (got a JSON array)"},
+      {"'\"00-a-b-01\"'", "metadata must be a JSON object (got a JSON string)"},
+      {"'7'", "metadata must be a JSON object (got a JSON number)"},
+      {"'null'", "metadata must be a JSON object (got a JSON null)"},
+      {"jsonb_build_object('k', '" + at_limit + "x')", "metadata must be at most 8192 bytes as JSON text (got 8193)"},
+  };
+  for (const auto& [value, message] : cases) {
+    auto r = db_.query("SELECT " + s("enqueue") + "('k', metadata => " + value + ")");
+    EXPECT_EQ(r.sqlstate, "22023") << value << ": " << r.error;
+    EXPECT_NE(r.error.find("tenure.enqueue: " + message), std::string::npos) << r.error;
+  }
+  auto batch = db_.query("SELECT * FROM " + s("enqueue_batch") +
+                         "(ARRAY['a','b'], ARRAY['{}','{}']::jsonb[], ARRAY['q','q'], ARRAY[2,2], "
+                         "metadatas => ARRAY['{}','[1]']::jsonb[])");
+  EXPECT_EQ(batch.sqlstate, "22023") << batch.error;
+  EXPECT_NE(batch.error.find("tenure.enqueue_batch: job 2: metadata must be a JSON object (got a JSON array)"),
+            std::string::npos)
+      << batch.error;
+  batch = db_.query("SELECT * FROM " + s("enqueue_batch") +
+                    "(ARRAY['a'], ARRAY['{}']::jsonb[], ARRAY['q'], ARRAY[2], metadatas => ARRAY['{}','{}']::jsonb[])");
+  EXPECT_EQ(batch.sqlstate, "22023") << batch.error;
+  EXPECT_NE(batch.error.find("all arrays must have the same length"), std::string::npos) << batch.error;
+  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("jobs")), "0");
+
+  // Exactly 8192 bytes, as PostgreSQL prints it, is accepted.
+  const auto id = db_.scalar("SELECT " + s("enqueue") + "('k', metadata => jsonb_build_object('k', $1::text))",
+                             {at_limit});
+  EXPECT_EQ(db_.scalar("SELECT octet_length(metadata::text) FROM " + s("jobs") + " WHERE id = $1", {id}), "8192");
+}
+
 TEST_F(sql_contract, claim_advances_run_lease_and_attempt_and_returns_a_token) {
   const auto id = enqueue("k", ", '{\"n\":1}'");
   auto c1 = claim(1);

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "migrations.hpp"
@@ -92,6 +93,63 @@ TEST(schema_upgrade, every_older_version_upgrades_with_open_attempts_kept_and_st
   for (int from = 1; from < tenure::postgres::known_schema_version(); ++from) {
     upgrade_keeps_open_attempts_and_their_guards(from);
   }
+}
+
+// The version that added job metadata (found by name: versions are renumbered when merged).
+int metadata_version() {
+  for (const auto& m : tenure::postgres::detail::embedded_migrations()) {
+    if (std::string_view{m.name}.ends_with("_job_metadata")) return m.version;
+  }
+  return 0;
+}
+
+TEST(schema_upgrade, jobs_from_before_metadata_read_an_empty_object_in_place_and_roles_keep_their_grants) {
+  const int before = metadata_version() - 1;
+  ASSERT_GE(before, 1);
+  const std::string dsn = tenure::test::test_dsn();
+  const std::string schema = "upgmeta_" + tenure::test::random_suffix();
+  const std::string role = schema + "_app";
+  const cleanup drop{dsn, schema, role};
+  pg db{dsn};
+  ASSERT_TRUE(tenure::postgres::detail::migrate_up_to(dsn, schema, before));
+  const auto q = [&](const std::string& name) { return schema + "." + name; };
+  // One job in each table: ready, deferred (scheduled), receipts (running), done, dead_letter.
+  for (int i = 0; i < 3; ++i) db.exec("SELECT " + q("enqueue") + "('k', '{}', 'q')");
+  db.exec("SELECT " + q("enqueue") + "('k', '{}', 'q', 2, now() + interval '1 hour')");
+  db.exec("INSERT INTO " + q("queues") + " (name, dead_letter) VALUES ('dlq', true)");
+  db.exec("SELECT " + q("enqueue") + "('k', '{}', 'dlq', 2, NULL, 1)");
+  auto done = db.exec("SELECT job_id, run_lease FROM " + q("claim_attempts") + "('q', 1)");
+  db.exec("SELECT * FROM " + q("complete_batch") + "(ARRAY[" + done.at(0, 0) + "]::bigint[], ARRAY[" + done.at(0, 1) +
+          "]::bigint[])");
+  auto dead = db.exec("SELECT job_id, run_lease FROM " + q("claim_attempts") + "('dlq', 1)");
+  db.exec("SELECT " + q("fail_attempt") + "(" + dead.at(0, 0) + ", " + dead.at(0, 1) + ", 'boom')");
+  db.exec("SELECT * FROM " + q("claim_attempts") + "('q', 1)");  // stays running
+  db.exec("CREATE ROLE " + role);
+  db.exec("GRANT USAGE ON SCHEMA " + schema + " TO " + role);
+  db.exec("GRANT EXECUTE ON FUNCTION " + q("enqueue") + "(text, jsonb, text, int, timestamptz, int) TO " + role);
+  db.exec("GRANT EXECUTE ON FUNCTION " + q("claim") + "(text, int, text) TO " + role);
+  const std::string files = "SELECT string_agg(relname || ':' || relfilenode, ',' ORDER BY relname) FROM pg_class "
+                            "WHERE relnamespace = '" + schema + "'::regnamespace AND relkind = 'r'";
+  const auto files_before = db.scalar(files);
+
+  auto upgraded = tenure::postgres::migrate(dsn, schema);
+  ASSERT_TRUE(upgraded) << upgraded.error().message();
+  EXPECT_EQ(db.scalar(files), files_before) << "adding the column rewrote no table";
+  EXPECT_EQ(db.scalar("SELECT string_agg(state || ':' || metadata::text, ',' ORDER BY id) FROM " + q("jobs")),
+            "completed:{},running:{},available:{},scheduled:{},failed:{}");
+  EXPECT_EQ(db.scalar("SELECT to_regprocedure('" + q("enqueue") + "(text, jsonb, text, int, timestamptz, int)') IS NULL"),
+            "t")
+      << "replaced, not overloaded";
+
+  // The role kept what it was granted, on the new signatures; the old job is claimed with {}.
+  pg as_role{dsn};
+  as_role.exec("SET ROLE " + role);
+  const auto id = as_role.scalar("SELECT " + q("enqueue") + "('k', '{}', 'q', metadata => '{\"tenant\": \"acme\"}')");
+  auto claimed = as_role.exec("SELECT job_id, metadata::text FROM " + q("claim") + "('q', 5) ORDER BY job_id");
+  ASSERT_EQ(claimed.rows.size(), 2u);
+  EXPECT_EQ(claimed.at(0, 1), "{}");
+  EXPECT_EQ(claimed.at(1, 0), id);
+  EXPECT_EQ(claimed.at(1, 1), R"({"tenant": "acme"})");
 }
 
 // ---- where a fresh install may go --------------------------------------------------------------
