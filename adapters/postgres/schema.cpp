@@ -332,7 +332,8 @@ result<void> grant(std::string_view dsn, grant_kind kind, std::string_view role,
                    "register_callback(bigint, bigint, interval)",
                    "await_callback(bigint, bigint, uuid)",
                    "worker_idle(text, text)",
-                   "worker_busy(text, text)"};
+                   "worker_busy(text, text)",
+                   "queue_depths()"};
       selects = {"jobs", "schema_version"};
       break;
   }

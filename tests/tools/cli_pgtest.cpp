@@ -241,17 +241,17 @@ class cli_pg : public testing::Test {
 TEST_F(cli_pg, migrate_then_migrate_again_is_a_no_op) {
   auto first = tenure({"migrate"});
   expect_success(first);
-  EXPECT_EQ(first.out, "schema " + schema_ + ": migrated from version 0 to 8\n");
+  EXPECT_EQ(first.out, "schema " + schema_ + ": migrated from version 0 to 9\n");
 
   auto second = tenure({"migrate"});
   expect_success(second);  // in particular no server NOTICE leaking onto stderr
-  EXPECT_EQ(second.out, "schema " + schema_ + ": already at version 8\n");
+  EXPECT_EQ(second.out, "schema " + schema_ + ": already at version 9\n");
 }
 
 TEST_F(cli_pg, environment_supplies_database_and_schema) {
   auto r = run_tenure({"migrate"}, {{"DATABASE_URL", dsn_}, {"TENURE_SCHEMA", schema_}});
   expect_success(r);
-  EXPECT_EQ(r.out, "schema " + schema_ + ": migrated from version 0 to 8\n");
+  EXPECT_EQ(r.out, "schema " + schema_ + ": migrated from version 0 to 9\n");
 }
 
 // ---- enqueue and job show --------------------------------------------------------------------
@@ -944,7 +944,7 @@ TEST_F(cli_pg, version_and_help_go_to_stdout) {
   auto version = run_tenure({"--version"});
   expect_success(version);
   EXPECT_TRUE(
-      std::regex_match(version.out, std::regex{R"(tenure [0-9]+\.[0-9]+\.[0-9]+ \(schema version 8\)\n)"}))
+      std::regex_match(version.out, std::regex{R"(tenure [0-9]+\.[0-9]+\.[0-9]+ \(schema version 9\)\n)"}))
       << version;
   auto help = run_tenure({"--help"});
   expect_success(help);
