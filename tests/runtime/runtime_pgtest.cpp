@@ -38,6 +38,23 @@ std::pair<int, std::string> http_get(std::uint16_t port, const std::string& targ
   }
 }
 
+/// Opens a gate once, at the latest when it goes out of scope (so that a failed assertion never
+/// leaves a handler blocked, and stop() waiting for it).
+class gate {
+ public:
+  void open() {
+    if (!opened_.exchange(true)) promise_.set_value();
+  }
+  /// What a handler waits on (a copy: it outlives the gate).
+  std::shared_future<void> opened() const { return opened_future_; }
+  ~gate() { open(); }
+
+ private:
+  std::promise<void> promise_;
+  std::shared_future<void> opened_future_ = promise_.get_future().share();
+  std::atomic<bool> opened_{false};
+};
+
 /// The value of the sample `series` (name and labels exactly as written) in Prometheus text.
 std::optional<double> sample(const std::string& text, const std::string& series) {
   const auto at = text.find("\n" + series + " ");
@@ -517,12 +534,11 @@ TEST_F(runtime_pg, queue_depth_gauges_match_the_database) {
   enqueue("later");
   auto cfg = fast_config();
   auto rt = make(cfg);
-  std::promise<void> release;
-  auto released = release.get_future().share();
+  gate release;
   std::atomic<bool> holding{false};
-  rt->handle("hold", [&](job_context&) {
+  rt->handle("hold", [&holding, opened = release.opened()](job_context&) {
     holding = true;
-    released.wait();
+    opened.wait();
     return job_outcome::completed();
   });
   rt->handle("later", [](job_context&) { return job_outcome::retry_after(std::chrono::hours{1}, "not yet"); });
@@ -557,7 +573,7 @@ TEST_F(runtime_pg, queue_depth_gauges_match_the_database) {
   const auto text = rt->prometheus_text();
   EXPECT_EQ(sample(text, R"(tenure_queue_depth{queue="elsewhere",state="available"})"), 5);
   EXPECT_EQ(sample(text, R"(tenure_queue_depth{queue="default",state="running"})"), 1);
-  release.set_value();
+  release.open();
   rt->stop();
 }
 
@@ -593,12 +609,11 @@ TEST_F(runtime_pg, readyz_is_503_while_starting_and_stopping_and_200_while_runni
   auto cfg = fast_config();
   cfg.metrics_port = 0;
   auto rt = make(cfg);
-  std::promise<void> release;
-  auto released = release.get_future().share();
+  gate release;
   std::atomic<bool> holding{false};
-  rt->handle("hold", [&](job_context&) {
+  rt->handle("hold", [&holding, opened = release.opened()](job_context&) {
     holding = true;
-    released.wait();
+    opened.wait();
     return job_outcome::completed();
   });
   EXPECT_FALSE(rt->readiness().ok);
@@ -608,11 +623,15 @@ TEST_F(runtime_pg, readyz_is_503_while_starting_and_stopping_and_200_while_runni
   EXPECT_EQ(http_get(port, "/readyz").first, 200);
   ASSERT_TRUE(eventually([&] { return holding.load(); }));
   auto stopping = std::async(std::launch::async, [&] { rt->stop(); });
+  struct open_on_exit {
+    gate& g;
+    ~open_on_exit() { g.open(); }
+  } opener{release};  // destroyed before `stopping` waits for stop()
   // stop() drains the held handler: the runtime is not ready meanwhile, while still serving.
   ASSERT_TRUE(eventually([&] { return http_get(port, "/readyz").first == 503; }, 10s));
   EXPECT_NE(http_get(port, "/readyz").second.find("not ready: stopping"), std::string::npos);
   EXPECT_EQ(http_get(port, "/healthz").first, 200) << "stopping is not unhealthy";
-  release.set_value();
+  release.open();
   EXPECT_EQ(stopping.wait_for(10s), std::future_status::ready);
 }
 
