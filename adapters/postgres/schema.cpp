@@ -318,7 +318,8 @@ grant_list grants_of(grant_kind kind) {
                        "register_callback(bigint, bigint, interval)",
                        "await_callback(bigint, bigint, uuid)",
                        "worker_idle(text, text)",
-                       "worker_busy(text, text)"};
+                       "worker_busy(text, text)",
+                       "queue_depths()"};
       out.selects = {"jobs", "schema_version"};
       break;
   }

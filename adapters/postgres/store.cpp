@@ -30,7 +30,8 @@ struct statements {
                           ".enqueue_batch($1::text[], $2::jsonb[], $3::text[], $4::int[], "
                           "$5::timestamptz[], $6::int[], $7::jsonb[]) ORDER BY ord"},
         claim{"tenure_claim", "SELECT job_id, run_lease, kind, args::text, attempt, max_attempts, " +
-                                  epoch_us("deadline_at") + ", encode(uuid_send(secret), 'hex'), metadata::text FROM " + s +
+                                  epoch_us("deadline_at") + ", encode(uuid_send(secret), 'hex'), metadata::text, " +
+                                  epoch_us("available_at") + " FROM " + s +
                                   ".claim_attempts($1, $2::int, $3, $4)"},
         heartbeat{"tenure_heartbeat", "SELECT job_id, run_lease FROM " + s +
                                           ".heartbeat_batch($1::bigint[], $2::bigint[], $3::jsonb[])"},
@@ -78,12 +79,14 @@ struct statements {
                             "backoff_cap = excluded.backoff_cap"},
         pause_queue{"tenure_pause_queue", "SELECT " + s + ".pause_queue($1)"},
         resume_queue{"tenure_resume_queue", "SELECT " + s + ".resume_queue($1)"},
-        update_queue{"tenure_update_queue", "SELECT " + s + ".configure_queue($1, $2::jsonb)"} {}
+        update_queue{"tenure_update_queue", "SELECT " + s + ".configure_queue($1, $2::jsonb)"},
+        queue_depths{"tenure_queue_depths", "SELECT queue, available, scheduled, retryable, running, waiting_external, " +
+                                                epoch_us("oldest_available") + " FROM " + s + ".queue_depths()"} {}
 
   statement enqueue, enqueue_batch, claim, heartbeat, complete, fail, snooze, cancel_attempt, checkpoint, register_callback,
       await_callback, resume_callback, extend_callback, complete_callback, fail_callback, cancel_job,
       retry_job, read_job, rescue, promote, maintain, evidence, evidence_batch, version, configure_queue,
-      pause_queue, resume_queue, update_queue;
+      pause_queue, resume_queue, update_queue, queue_depths;
 };
 
 param text(std::string_view s) { return std::string{s}; }
@@ -294,6 +297,7 @@ result<std::vector<claimed_attempt>> store::claim(std::string_view queue, int ma
     }
     a.secret = secret.value();
     a.metadata = std::string{rows.text(i, 8)};
+    if (!rows.is_null(i, 9)) a.available_at = detail::from_epoch_us(rows.int64(i, 9));
     out.push_back(std::move(a));
   }
   return out;
@@ -589,6 +593,22 @@ result<void> store::update_queue(std::string_view queue, const queue_changes& c)
   if (c.retain_failed) settings["retain_failed"] = us(*c.retain_failed);
   TENURE_TRYV(impl_->run(impl_->st.update_queue, {text(queue), settings.dump()}, effect::write));
   return success();
+}
+
+result<std::vector<queue_depth>> store::queue_depths() {
+  TENURE_TRY(auto rows, impl_->run(impl_->st.queue_depths, {}, effect::read));
+  std::vector<queue_depth> out;
+  out.reserve(static_cast<std::size_t>(rows.size()));
+  for (int i = 0; i < rows.size(); ++i) {
+    out.push_back({.queue = std::string{rows.text(i, 0)},
+                   .available = rows.int64(i, 1),
+                   .scheduled = rows.int64(i, 2),
+                   .retryable = rows.int64(i, 3),
+                   .running = rows.int64(i, 4),
+                   .waiting_external = rows.int64(i, 5),
+                   .oldest_available = std::chrono::microseconds{rows.int64(i, 6)}});
+  }
+  return out;
 }
 
 }  // namespace tenure::postgres

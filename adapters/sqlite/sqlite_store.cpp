@@ -696,6 +696,7 @@ result<std::vector<claimed_attempt>> store::claim(std::string_view queue, int ma
           .attempt_number = r->attempt,
           .max_attempts = r->max_attempts,
           .deadline = deadline ? std::optional<time_point>(from_us(*deadline)) : std::nullopt,
+          .available_at = from_us(std::max(r->run_at, r->created_at)),
           .secret = secret,
       });
     }
@@ -958,6 +959,37 @@ result<attempt_evidence> store::reconcile(attempt_id attempt) {
     return result<attempt_evidence>(job_exists(s, attempt.job_id)
                                         ? attempt_evidence::closed_by_other
                                         : attempt_evidence::unknown_job);
+  });
+}
+
+// One statement, as tenure.queue_depths(): this fake has no callbacks, so waiting_external is 0.
+result<std::vector<queue_depth>> store::queue_depths() {
+  using out_t = std::vector<queue_depth>;
+  return transact<out_t>(*state_, tx_mode::read, [&](soci::session& s, std::int64_t now) {
+    out_t out;
+    std::string queue;
+    std::int64_t available = 0, scheduled = 0, retryable = 0, running = 0, oldest = 0;
+    soci::statement st =
+        (s.prepare << "SELECT queue, sum(available), sum(scheduled), sum(retryable), sum(running),"
+                      "       CASE WHEN min(since) IS NULL THEN 0 ELSE max(:now - min(since), 0) END"
+                      "  FROM (SELECT queue, 1 AS available, 0 AS scheduled, 0 AS retryable, 0 AS running,"
+                      "               max(run_at, created_at) AS since FROM ready"
+                      "        UNION ALL SELECT queue, 0, state = 'scheduled', state = 'retryable', 0, NULL FROM deferred"
+                      "        UNION ALL SELECT queue, 0, 0, 0, 1, NULL FROM receipts"
+                      "        UNION ALL SELECT name, 0, 0, 0, 0, NULL FROM queues)"
+                      " GROUP BY queue ORDER BY queue",
+         soci::into(queue), soci::into(available), soci::into(scheduled), soci::into(retryable),
+         soci::into(running), soci::into(oldest), soci::use(now, "now"));
+    st.execute();
+    while (st.fetch()) {
+      out.push_back({.queue = queue,
+                     .available = available,
+                     .scheduled = scheduled,
+                     .retryable = retryable,
+                     .running = running,
+                     .oldest_available = microseconds{oldest}});
+    }
+    return result<out_t>(std::move(out));
   });
 }
 

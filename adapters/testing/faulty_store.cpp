@@ -12,7 +12,7 @@ std::string_view to_string(op o) noexcept {
       "fail",       "snooze",        "cancel_attempt", "cancel_job", "retry_job",
       "read_job",   "rescue_stale",  "promote_due", "reconcile",  "checkpoint",
       "register_callback", "await_callback", "resume_callback", "extend_callback", "complete_callback",
-      "fail_callback", "configure_queue"};
+      "fail_callback", "configure_queue", "queue_depths"};
   const auto i = static_cast<std::size_t>(o);
   return i < names.size() ? names[i] : "unknown";
 }
@@ -202,6 +202,10 @@ result<attempt_evidence> faulty_store::reconcile(attempt_id attempt) {
 result<void> faulty_store::configure_queue(std::string_view queue,
                                            const queue_settings& settings) {
   return call<void>(op::configure_queue, [&] { return inner_.configure_queue(queue, settings); });
+}
+
+result<std::vector<queue_depth>> faulty_store::queue_depths() {
+  return call<std::vector<queue_depth>>(op::queue_depths, [&] { return inner_.queue_depths(); });
 }
 
 }  // namespace tenure::testing

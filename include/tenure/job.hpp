@@ -86,6 +86,9 @@ struct claimed_attempt {
   int attempt_number = 0;  ///< executions so far, this one included (retry budget only)
   int max_attempts = 0;
   std::optional<time_point> deadline;  ///< hard deadline of this attempt, if the queue has one
+  /// When the job became claimable, by the store's clock: its run_at, or its created_at when
+  /// later (pickup latency counts from here). Unset when the store does not say.
+  std::optional<time_point> available_at;
   attempt_secret secret;  ///< drawn by the store at claim time; what makes the token unguessable
   finalization_token token() const noexcept { return finalization_token{attempt, secret}; }
 };

@@ -121,9 +121,19 @@ class runtime {
   /// shutdown_timeout while heartbeats continue, flush every pending completion, then return.
   void stop() noexcept;
 
+  /// Counters, gauges and the per-queue view (histograms, queue depths). Any thread.
   runtime_metrics metrics() const;
   /// The metrics in Prometheus text exposition format.
   std::string prometheus_text() const;
+  /// What /healthz and /readyz answer (200 when ok, else 503, with `reason` as the body).
+  struct probe {
+    bool ok = true;
+    std::string reason;
+  };
+  /// Unhealthy once the database has not answered the runtime for longer than unhealthy_after.
+  probe health() const;
+  /// Ready while the runtime runs: not while start() has not finished, nor once stop() began.
+  probe readiness() const;
   /// The bound metrics port (when metrics_port was 0, the one the OS picked).
   std::optional<std::uint16_t> metrics_port() const;
   const runtime_config& config() const noexcept;

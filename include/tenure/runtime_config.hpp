@@ -72,6 +72,11 @@ struct runtime_config {
   /// Serve Prometheus text at http://metrics_address:metrics_port/metrics when set.
   std::optional<std::uint16_t> metrics_port;
   std::string metrics_address = "127.0.0.1";
+  /// The metrics port also answers GET /healthz: 503 once the database has not answered any of
+  /// the runtime's own calls (claims, heartbeats, flushes, maintenance) for this long, else 200.
+  /// An idle runtime still asks at least once per poll_interval. Default: 30 s, or 3 x
+  /// poll_interval when that is longer; less than 2 x poll_interval is refused.
+  std::optional<std::chrono::milliseconds> unhealthy_after;
   /// When set, runtime::create() makes it tenure's logger (tenure::set_logger: process-wide).
   /// Default: the logger named "tenure" on stderr, level info. The library never logs to the
   /// application's default spdlog logger nor to stdout.

@@ -74,6 +74,19 @@ struct callback_poll {
   std::string payload;    ///< JSON text of the resume payload, when resumed
 };
 
+/// How many jobs of one queue are in each unfinished state, read by `queue_depths()`.
+struct queue_depth {
+  std::string queue;
+  std::int64_t available = 0;
+  std::int64_t scheduled = 0;         ///< waiting for a future run_at (first run or snooze)
+  std::int64_t retryable = 0;         ///< waiting for a retry backoff
+  std::int64_t running = 0;
+  std::int64_t waiting_external = 0;  ///< running attempts parked on an external callback
+  /// How long the oldest available job has been claimable (since its run_at, or its created_at
+  /// when later), by the store's clock; zero when none is available.
+  std::chrono::microseconds oldest_available{0};
+};
+
 /// Per-queue settings kept in the database (every worker of the queue sees the same).
 struct queue_settings {
   bool dead_letter = false;                    ///< failed jobs go to the dead-letter table
@@ -227,6 +240,12 @@ class storage_port {
       out.push_back(e);
     }
     return out;
+  }
+  /// Every queue holding an unfinished job (and every queue with stored settings), with its
+  /// jobs per unfinished state, in one set-based statement; ordered by queue name. Reads only.
+  /// A store that cannot count answers errc::unsupported (this default).
+  virtual result<std::vector<queue_depth>> queue_depths() {
+    return error{errc::unsupported, "this store does not count queue depths"};
   }
   /// Creates or replaces a queue's settings. errc::invalid_argument for a bad value.
   virtual result<void> configure_queue(std::string_view queue, const queue_settings& settings) = 0;

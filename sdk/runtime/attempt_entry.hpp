@@ -13,6 +13,7 @@
 
 #include "tenure/log.hpp"
 
+#include "sdk/runtime/metrics.hpp"
 #include "sdk/runtime/storable.hpp"
 #include "tenure/clock.hpp"
 #include "tenure/job.hpp"
@@ -177,6 +178,24 @@ struct attempt_entry {
     gate_hold hold{store_gate.get()};
     return fn(*store);
   }
+  /// The metrics of the attempt's queue (set when it is added to the in-flight table; never null
+  /// there).
+  queue_series* series = nullptr;
+  /// When its handler started (set on the handler's thread, read on the control thread after
+  /// the handler's exit was posted there); unset when no handler ran.
+  std::optional<steady_time_point> started_at;
+  /// The handler is about to run (its thread): notes the start and the pickup latency, from
+  /// the job becoming available (the store's clock) to now (the runtime's wall reading).
+  void starting() noexcept {
+    started_at = time().steady_now();
+    if (series && claim.available_at) series->pickup.observe(time().now() - *claim.available_at);
+  }
+  /// How long the handler ran (zero when none ran); on the control thread once it exited.
+  std::chrono::nanoseconds run_time() const noexcept {
+    if (!started_at || !done_at) return std::chrono::nanoseconds{0};
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(*done_at - *started_at);
+  }
+
   /// previous_progress(), once read (guarded by mu).
   bool checkpoint_read = false;
   std::optional<std::string> checkpoint;

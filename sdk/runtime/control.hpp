@@ -11,6 +11,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -31,6 +32,14 @@ namespace tenure::detail {
 namespace asio = boost::asio;
 using entry_ptr = std::shared_ptr<attempt_entry>;
 
+/// Whether the database answered a call (a refusal is an answer too): anything but a failure to
+/// reach it, an unknown commit outcome, or a store shutting down.
+template <class T>
+bool database_answered(const result<T>& r) noexcept {
+  return r || (r.error() != errc::database_unavailable && r.error() != errc::commit_in_doubt &&
+               r.error() != errc::shutting_down);
+}
+
 /// Exponential backoff for retrying database work: 50 ms doubling to 5 s.
 inline std::chrono::milliseconds next_backoff(std::chrono::milliseconds current) {
   if (current.count() == 0) return std::chrono::milliseconds{50};
@@ -50,6 +59,12 @@ class control {
   steady_time_point now() const noexcept { return cfg.clock->steady_now(); }
   std::vector<runtime::event_hook> hooks;
   live_metrics m;
+  /// When the database last answered one of the engine's calls (steady_now ticks); any thread.
+  std::atomic<steady_time_point::rep> last_db_answer{0};
+  void note_db_answer() noexcept { last_db_answer.store(now().time_since_epoch().count(), std::memory_order_relaxed); }
+  steady_time_point db_answered_at() const noexcept {
+    return steady_time_point{steady_time_point::duration{last_db_answer.load(std::memory_order_relaxed)}};
+  }
 
   asio::io_context ctl;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> ctl_guard;
@@ -85,6 +100,7 @@ class control {
   void on_db(Call&& call, Done&& done) {
     asio::post(db, [this, call = std::forward<Call>(call), done = std::forward<Done>(done)]() mutable {
       auto r = call();
+      if (database_answered(r)) note_db_answer();
       asio::post(ctl, [this, r = std::move(r), done = std::move(done)]() mutable {
         done(std::move(r));
         check_waiters();

@@ -42,7 +42,7 @@ void dispatcher::pump(queue_state& q) {
   q.claiming = true;
   q.wake_pending = false;
   q.timer.cancel();
-  m.claims.fetch_add(1, std::memory_order_relaxed);
+  q.series->claims.fetch_add(1, std::memory_order_relaxed);
   // Join the waiters (so producers NOTIFY) only once eager polling has found nothing for a
   // few milliseconds: while jobs keep coming, producers pay for no NOTIFY at all.
   const bool going_to_sleep = q.idle_step >= k_sleep_after_step;

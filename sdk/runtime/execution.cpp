@@ -22,7 +22,6 @@ void execution::start(claimed_attempt c) {
   auto entry = table.add(std::move(c));
   entry->store_gate = store_gate;
   const auto& a = entry->claim;
-  core.m.claimed.fetch_add(1, std::memory_order_relaxed);
   ++core.running_handlers;
   core.emit(lifecycle_event::started, a);
   if (auto owned = owned_handlers.find(a.kind); owned != owned_handlers.end()) {
@@ -40,6 +39,7 @@ void execution::start(claimed_attempt c) {
     return;
   }
   asio::post(*core.workers, [this, entry, &fn = it->second] {
+    entry->starting();
     job_outcome outcome = job_outcome::completed();
     job_context ctx{entry};
     const auto call = [&] {
@@ -75,6 +75,7 @@ void execution::start(claimed_attempt c) {
 
 void execution::run_caller_owned(const entry_ptr& entry, const runtime::caller_owned_handler& fn) {
   asio::post(*core.workers, [this, entry, &fn] {
+    entry->starting();
     if (auto problem = entry->args_problem()) {
       // The handler never starts, so nothing of the caller's can have finalized the attempt:
       // it fails through the runtime's own guarded write, as a plain handler's failure does.

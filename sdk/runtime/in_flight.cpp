@@ -11,6 +11,7 @@ using std::chrono::milliseconds;
 in_flight_table::in_flight_table(control& c) : core(c), m(c.m), capacity_timer(c.ctl) {
   for (const auto& q : core.cfg.queues) {
     queues.push_back(std::make_unique<queue_state>(core.ctl, q));
+    queues.back()->series = &m.queues.get(q.name);
     by_name[q.name] = queues.back().get();
   }
 }
@@ -20,9 +21,12 @@ entry_ptr in_flight_table::add(claimed_attempt c) {
   entry->store = core.store;
   entry->clock = core.cfg.clock;
   entry->last_live = core.now();  // the claim just confirmed it live
+  const auto q = by_name.find(entry->claim.queue);
+  entry->series = q != by_name.end() ? q->second->series : &m.queues.get(entry->claim.queue);
   in_flight.emplace(entry->claim.attempt, entry);
-  m.in_flight.fetch_add(1, std::memory_order_relaxed);
-  m.permits_held.fetch_add(1, std::memory_order_relaxed);
+  entry->series->claimed.fetch_add(1, std::memory_order_relaxed);
+  entry->series->in_flight.fetch_add(1, std::memory_order_relaxed);
+  entry->series->permits_held.fetch_add(1, std::memory_order_relaxed);
   return entry;
 }
 
@@ -76,7 +80,7 @@ void in_flight_table::arm_capacity_sweep() {
 void in_flight_table::release_permit(const entry_ptr& entry) {
   if (!entry->permit_held) return;
   entry->permit_held = false;
-  m.permits_held.fetch_sub(1, std::memory_order_relaxed);
+  entry->series->permits_held.fetch_sub(1, std::memory_order_relaxed);
   if (auto it = by_name.find(entry->claim.queue); it != by_name.end()) {
     auto& q = *it->second;
     ++q.free;
@@ -87,7 +91,7 @@ void in_flight_table::release_permit(const entry_ptr& entry) {
 void in_flight_table::release(const entry_ptr& entry) {
   const auto& c = entry->claim;
   if (in_flight.erase(c.attempt) == 0) return;
-  m.in_flight.fetch_sub(1, std::memory_order_relaxed);
+  entry->series->in_flight.fetch_sub(1, std::memory_order_relaxed);
   if (entry->permit_held) {
     release_permit(entry);
   } else {

@@ -22,6 +22,7 @@ struct queue_state {
   queue_state(asio::io_context& io, queue_options o)
       : opt(std::move(o)), free(opt.max_concurrency), timer(io), wake_timer(io) {}
   queue_options opt;
+  queue_series* series = nullptr;  ///< this queue's metrics
   int free;               ///< capacity permits not held by an attempt or a claim in progress
   bool claiming = false;  ///< a claim statement is in flight
   bool drained = false;   ///< the last claim found fewer jobs than it asked for
@@ -45,7 +46,7 @@ class in_flight_table {
   /// A permit went back to `q` (set by the dispatcher: claim again).
   std::function<void(queue_state&)> permit_freed;
 
-  /// Adds a claimed attempt, holding one permit of its queue.
+  /// Adds a claimed attempt, holding one permit of its queue (counted as claimed).
   entry_ptr add(claimed_attempt c);
   /// The database answered for the attempt: drops its entry and its permit.
   void release(const entry_ptr& entry);

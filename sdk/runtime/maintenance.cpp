@@ -24,6 +24,10 @@ void maintenance::pass(std::function<void()> done) {
   if (leased) {
     const auto term = lead.term_for_pass();
     if (!term) {
+      if (depths_shown) {
+        m.queues.forget_depths();  // another process counts them now
+        depths_shown = false;
+      }
       done();
       return;
     }
@@ -66,7 +70,7 @@ void maintenance::pass(std::function<void()> done) {
           return;
         }
         for (const auto& res : r.value()) {
-          m.rescued.fetch_add(1, std::memory_order_relaxed);
+          m.queues.get(res.queue).rescued.fetch_add(1, std::memory_order_relaxed);
           tenure::logger()->warn("tenure: rescued job {} lease {} queue {} (no heartbeat for {} ms or past its deadline) "
                        "-> {}",
                        res.attempt.job_id, res.attempt.run_lease, res.queue, core.staleness().count(),
@@ -81,8 +85,48 @@ void maintenance::pass(std::function<void()> done) {
           core.emit(lifecycle_event::rescued, c, std::string{tenure::to_string(res.new_state)});
           if (res.new_state == job_state::available) dispatch.on_wake(res.queue);
         }
-        done();
+        read_depths(std::move(done));
       });
+}
+
+/// The leader counts every queue's unfinished jobs once per pass (one set-based statement) for
+/// the depth gauges. A store that cannot count is not asked again.
+void maintenance::read_depths(std::function<void()> done) {
+  if (!count_depths) {
+    done();
+    return;
+  }
+  running = true;
+  core.on_db([this] { return core.store->queue_depths(); },
+             [this, done = std::move(done)](result<std::vector<queue_depth>> r) {
+               running = false;
+               if (!r) {
+                 if (r.error() == errc::unsupported) {
+                   count_depths = false;
+                 } else {
+                   m.database_errors.fetch_add(1, std::memory_order_relaxed);
+                   tenure::logger()->warn("tenure: counting queue depths failed: {}", r.error().message());
+                 }
+                 done();
+                 return;
+               }
+               std::vector<queue_series*> seen;
+               seen.reserve(r.value().size());
+               for (const auto& d : r.value()) {
+                 auto& q = m.queues.get(d.queue);
+                 q.available.store(d.available, std::memory_order_relaxed);
+                 q.scheduled.store(d.scheduled, std::memory_order_relaxed);
+                 q.retryable.store(d.retryable, std::memory_order_relaxed);
+                 q.running.store(d.running, std::memory_order_relaxed);
+                 q.waiting_external.store(d.waiting_external, std::memory_order_relaxed);
+                 q.oldest_available_us.store(d.oldest_available.count(), std::memory_order_relaxed);
+                 q.depth_known.store(true, std::memory_order_release);
+                 seen.push_back(&q);
+               }
+               m.queues.zero_depths_except(seen);
+               depths_shown = true;
+               done();
+             });
 }
 
 }  // namespace tenure::detail

@@ -2,7 +2,7 @@
 /// \file
 /// Maintenance: promote due deferred jobs and rescue stale attempts, every
 /// maintenance_interval, only while this process leads (leadership.hpp); a pass is fenced by
-/// the lease's term. Rescued jobs back in their queue wake the dispatcher. Stands on control,
+/// the lease's term. After each pass the leader counts the queues' depths for the gauges. Rescued jobs back in their queue wake the dispatcher. Stands on control,
 /// in_flight, leadership and the dispatcher. Private to the runtime; control thread only.
 #include <functional>
 
@@ -22,6 +22,8 @@ class maintenance {
   void cancel_timers() { timer.cancel(); }
 
  private:
+  void read_depths(std::function<void()> done);
+
   control& core;
   in_flight_table& table;
   leadership& lead;
@@ -30,6 +32,8 @@ class maintenance {
   live_metrics& m;
   asio::steady_timer timer;
   bool running = false;
+  bool count_depths = true;   ///< the store counts queue depths (false once it said unsupported)
+  bool depths_shown = false;  ///< the depth gauges hold this process's last count
 };
 
 }  // namespace tenure::detail

@@ -29,6 +29,8 @@ constexpr int k_max_connections = 64;
 
 struct metrics_server::state {
   render_fn render;
+  probe_fn health;
+  probe_fn ready;
   std::atomic<bool> stopping{false};
   // Touched on the server thread only (and by sessions destroyed with `io`, declared after).
   int connections = 0;
@@ -75,10 +77,18 @@ class session : public std::enable_shared_from_this<session> {
         res->result(http::status::internal_server_error);
         res->body() = "metrics unavailable\n";
       }
-    } else if (get && req.target() == "/healthz") {
-      res->result(http::status::ok);
+    } else if (get && (req.target() == "/healthz" || req.target() == "/readyz")) {
+      const auto& probe = req.target() == "/healthz" ? st_.health : st_.ready;
+      metrics_server::probe_answer a;
+      try {
+        if (probe) a = probe();
+      } catch (const std::exception& e) {
+        a = {false, std::string{"probe failed: "} + e.what()};
+      }
+      res->result(a.ok ? http::status::ok : http::status::service_unavailable);
       res->set(http::field::content_type, "text/plain");
-      res->body() = "ok\n";
+      res->set(http::field::cache_control, "no-store");
+      res->body() = a.reason + "\n";
     } else {
       res->result(http::status::not_found);
       res->set(http::field::content_type, "text/plain");
@@ -130,9 +140,11 @@ void accept_loop(metrics_server::state* st) {
 }  // namespace
 
 result<std::unique_ptr<metrics_server>> metrics_server::start(const std::string& address, std::uint16_t port,
-                                                             render_fn render) {
+                                                             render_fn render, probe_fn health, probe_fn ready) {
   auto st = std::make_shared<state>();
   st->render = std::move(render);
+  st->health = std::move(health);
+  st->ready = std::move(ready);
   beast::error_code ec;
   const auto addr = asio::ip::make_address(address, ec);
   if (ec) {

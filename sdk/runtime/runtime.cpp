@@ -67,6 +67,9 @@ struct runtime::impl {
   detail::maintenance maint;
   detail::signals sigs;
   std::unique_ptr<detail::metrics_server> metrics_http;
+  /// For /readyz: ready only between the end of start() and the beginning of stop().
+  std::atomic<bool> ready{false};
+  std::atomic<bool> leaving{false};  ///< stop() has begun
   bool started = false;
   bool stopped = false;
   std::mutex lifecycle_mu;
@@ -153,9 +156,18 @@ result<void> runtime::start() {
       return written.error();
     }
   }
+  d.core.note_db_answer();  // the silence /healthz measures counts from here
   if (d.core.cfg.metrics_port) {
-    auto server = detail::metrics_server::start(d.core.cfg.metrics_address, *d.core.cfg.metrics_port,
-                                                [this] { return prometheus_text(); });
+    auto server = detail::metrics_server::start(
+        d.core.cfg.metrics_address, *d.core.cfg.metrics_port, [this] { return prometheus_text(); },
+        [this] {
+          auto p = health();
+          return detail::metrics_server::probe_answer{p.ok, std::move(p.reason)};
+        },
+        [this] {
+          auto p = readiness();
+          return detail::metrics_server::probe_answer{p.ok, std::move(p.reason)};
+        });
     if (!server) return server.error();
     d.metrics_http = std::move(server).value();
   }
@@ -170,6 +182,7 @@ result<void> runtime::start() {
     d.maint.arm();
     d.table.arm_capacity_sweep();
   });
+  d.ready = true;
   tenure::logger()->info("tenure: runtime {} started on {} queue(s)", d.core.cfg.worker_id, d.table.queues.size());
   return success();
 }
@@ -180,6 +193,8 @@ void runtime::stop() noexcept {
     auto& d = *impl_;
     if (!d.started || d.stopped) return;
     d.stopped = true;
+    d.ready = false;
+    d.leaving = true;
     tenure::logger()->info("tenure: runtime {} stopping: no new claims, draining", d.core.cfg.worker_id);
     // 1. Stop claiming; handlers keep running and heartbeats continue.
     d.core.run_and_wait(
@@ -265,6 +280,22 @@ runtime_metrics runtime::metrics() const {
 }
 
 std::string runtime::prometheus_text() const { return detail::prometheus_text(metrics()); }
+
+runtime::probe runtime::health() const {
+  const auto& core = impl_->core;
+  const auto limit = core.cfg.unhealthy_after.value_or(std::max<milliseconds>(milliseconds{30'000}, core.cfg.poll_interval * 3));
+  const auto silent = std::chrono::duration_cast<milliseconds>(core.now() - core.db_answered_at());
+  if (core.last_db_answer.load(std::memory_order_relaxed) != 0 && silent > limit) {
+    return {false, "unhealthy: the database has not answered for " + std::to_string(silent.count()) + " ms (limit " +
+                       std::to_string(limit.count()) + " ms)"};
+  }
+  return {true, "ok"};
+}
+
+runtime::probe runtime::readiness() const {
+  if (impl_->ready.load()) return {true, "ready"};
+  return {false, impl_->leaving.load() ? "not ready: stopping" : "not ready: starting"};
+}
 
 std::optional<std::uint16_t> runtime::metrics_port() const {
   if (!impl_->metrics_http) return std::nullopt;

@@ -108,23 +108,23 @@ void settlement::apply_outcome(const entry_ptr& entry, job_outcome outcome, mill
         if (r) {
           switch (r.value()) {
             case job_state::retryable:
-              m.retried.fetch_add(1, std::memory_order_relaxed);
+              settled(entry, run_outcome::retried);
               core.emit(lifecycle_event::retried, c, outcome.message());
               tenure::logger()->info("tenure: job {} lease {} queue {} will retry: {}", c.attempt.job_id,
                            c.attempt.run_lease, c.queue, outcome.message());
               break;
             case job_state::failed:
-              m.failed.fetch_add(1, std::memory_order_relaxed);
+              settled(entry, run_outcome::failed);
               core.emit(lifecycle_event::failed, c, outcome.message());
               tenure::logger()->warn("tenure: job {} lease {} queue {} failed: {}", c.attempt.job_id, c.attempt.run_lease,
                            c.queue, outcome.message());
               break;
             case job_state::scheduled:
-              m.snoozed.fetch_add(1, std::memory_order_relaxed);
+              settled(entry, run_outcome::snoozed);
               core.emit(lifecycle_event::snoozed, c);
               break;
             case job_state::cancelled:
-              m.cancelled.fetch_add(1, std::memory_order_relaxed);
+              settled(entry, run_outcome::cancelled);
               core.emit(lifecycle_event::cancelled, c, outcome.message());
               break;
             default: break;
@@ -143,7 +143,7 @@ void settlement::apply_outcome(const entry_ptr& entry, job_outcome outcome, mill
           return;
         }
         if (r.error() == errc::stale_attempt) {
-          m.stale_rejected.fetch_add(1, std::memory_order_relaxed);
+          settled(entry, run_outcome::stale);
           tenure::logger()->debug("tenure: stale outcome discarded for job {} lease {} queue {}", c.attempt.job_id,
                         c.attempt.run_lease, c.queue);
           table.release(entry);
@@ -179,9 +179,22 @@ void settlement::apply_outcome(const entry_ptr& entry, job_outcome outcome, mill
       });
 }
 
+void settlement::settled(const entry_ptr& entry, run_outcome o) {
+  auto& q = *entry->series;
+  switch (o) {
+    case run_outcome::completed: q.completed.fetch_add(1, std::memory_order_relaxed); break;
+    case run_outcome::retried: q.retried.fetch_add(1, std::memory_order_relaxed); break;
+    case run_outcome::failed: q.failed.fetch_add(1, std::memory_order_relaxed); break;
+    case run_outcome::cancelled: q.cancelled.fetch_add(1, std::memory_order_relaxed); break;
+    case run_outcome::snoozed: q.snoozed.fetch_add(1, std::memory_order_relaxed); break;
+    case run_outcome::stale: q.stale_rejected.fetch_add(1, std::memory_order_relaxed); break;
+  }
+  q.observe_run(o, entry->run_time());
+}
+
 void settlement::discard_stale(const entry_ptr& entry) {
   const auto& c = entry->claim;
-  m.stale_rejected.fetch_add(1, std::memory_order_relaxed);
+  settled(entry, run_outcome::stale);
   tenure::logger()->debug("tenure: stale completion discarded for job {} lease {} queue {}", c.attempt.job_id,
                 c.attempt.run_lease, c.queue);
   table.release(entry);

@@ -62,6 +62,9 @@ class settlement {
   // outcomes (settlement.cpp)
   void apply_outcome(const entry_ptr& entry, job_outcome outcome, std::chrono::milliseconds backoff);
   void discard_stale(const entry_ptr& entry);
+  /// The database answered for the attempt with `o`: counts it on its queue and observes how
+  /// long its handler ran.
+  void settled(const entry_ptr& entry, run_outcome o);
   // completion flush (settlement_flush.cpp)
   void push_completion(pending_completion p);
   void flush(std::vector<pending_completion> batch);

@@ -84,7 +84,7 @@ void settlement::on_evidence(const entry_ptr& entry, const handler_exit& exit, a
                      "handler {} ({}); accepting the completion",
                      c.attempt.job_id, c.attempt.run_lease, c.queue, to_text(exit.what), exit.message);
       }
-      m.completed.fetch_add(1, std::memory_order_relaxed);
+      settled(entry, run_outcome::completed);
       core.emit(lifecycle_event::completed, c);
       table.release(entry);
       return;

@@ -89,7 +89,7 @@ void settlement::on_flushed(std::vector<pending_completion> batch, result<std::v
     const auto& entry = batch[i].entry;
     const bool applied = i < results.size() && results[i].applied;
     if (applied) {
-      m.completed.fetch_add(1, std::memory_order_relaxed);
+      settled(entry, run_outcome::completed);
       core.emit(lifecycle_event::completed, entry->claim);
       table.release(entry);
     } else if (entry->in_doubt) {

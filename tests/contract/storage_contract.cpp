@@ -1300,3 +1300,57 @@ TEST_P(storage_contract, invalid_metadata_is_refused_naming_the_field_and_nothin
 }
 
 }  // namespace tenure::contract
+
+// ---- metrics reads ------------------------------------------------------------------------
+
+namespace tenure::contract {
+
+TEST_P(storage_contract, claim_says_when_the_job_became_available) {
+  const auto before = be().now();
+  add_at(make_job("late", "avail"), -1min);  // run_at in the past: available since it was enqueued
+  const auto c = claim_one("avail");
+  ASSERT_TRUE(c.available_at.has_value());
+  EXPECT_GE(*c.available_at, before - std::chrono::seconds{5});
+  EXPECT_LE(*c.available_at, be().now() + std::chrono::seconds{5});
+}
+
+TEST_P(storage_contract, queue_depths_count_each_unfinished_state_per_queue) {
+  add(make_job("a", "qa"));
+  add(make_job("a", "qa"));
+  add(make_job("a", "qa"));
+  add(make_job("a", "qa"));
+  add_at(make_job("later", "qa"), std::chrono::hours{1});
+  add(make_job("b", "qb"));
+  add(make_job("c", "qc"));
+  const auto running = claim("qa", 2);
+  ASSERT_EQ(running.size(), 2u);
+  ASSERT_TRUE(db().fail(running[1].attempt, "again later", fail_disposition::retry, std::chrono::hours{1}));
+  ASSERT_TRUE(complete(claim_one("qc").attempt));
+  const auto depths = must(db().queue_depths());
+  auto find = [&](std::string_view q) -> const queue_depth* {
+    for (const auto& d : depths) {
+      if (d.queue == q) return &d;
+    }
+    return nullptr;
+  };
+  const auto* qa = find("qa");
+  const auto* qb = find("qb");
+  ASSERT_NE(qa, nullptr);
+  ASSERT_NE(qb, nullptr);
+  EXPECT_EQ(qa->available, 2);
+  EXPECT_EQ(qa->scheduled, 1);
+  EXPECT_EQ(qa->retryable, 1);
+  EXPECT_EQ(qa->running, 1);
+  EXPECT_EQ(qa->waiting_external, 0);
+  EXPECT_GE(qa->oldest_available.count(), 0);
+  EXPECT_EQ(qb->available, 1);
+  EXPECT_EQ(qb->running, 0);
+  if (const auto* qc = find("qc")) {  // only finished jobs left: absent, or all zero
+    EXPECT_EQ(qc->available + qc->scheduled + qc->retryable + qc->running + qc->waiting_external, 0);
+    EXPECT_EQ(qc->oldest_available.count(), 0);
+  }
+  EXPECT_TRUE(std::is_sorted(depths.begin(), depths.end(),
+                             [](const queue_depth& x, const queue_depth& y) { return x.queue < y.queue; }));
+}
+
+}  // namespace tenure::contract

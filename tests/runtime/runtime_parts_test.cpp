@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "sdk/runtime/attempt_entry.hpp"
+#include "sdk/runtime/metrics.hpp"
 #include "sdk/runtime/metrics_server.hpp"
 #include "tenure/runtime.hpp"
 
@@ -123,6 +124,85 @@ TEST(metrics_server, at_the_descriptor_limit_accept_pauses_instead_of_spinning_a
   ::close(client);
   EXPECT_EQ(raw.rfind("HTTP/1.1 200", 0), 0u) << raw;
   server->stop();
+}
+
+TEST(metrics_server, probes_answer_503_with_their_reason_and_200_when_ok) {
+  std::atomic<bool> healthy{true};
+  auto s = detail::metrics_server::start(
+      "127.0.0.1", 0, [] { return std::string{}; },
+      [&] { return detail::metrics_server::probe_answer{healthy.load(), healthy ? "ok" : "unhealthy: quiet"}; },
+      [] { return detail::metrics_server::probe_answer{false, "not ready: stopping"}; });
+  ASSERT_TRUE(s);
+  auto server = std::move(s).value();
+  EXPECT_EQ(get(server->port(), "/healthz").rfind("HTTP/1.1 200", 0), 0u);
+  healthy = false;
+  const auto sick = get(server->port(), "/healthz");
+  EXPECT_EQ(sick.rfind("HTTP/1.1 503", 0), 0u) << sick;
+  EXPECT_NE(sick.find("unhealthy: quiet"), std::string::npos) << sick;
+  const auto ready = get(server->port(), "/readyz");
+  EXPECT_EQ(ready.rfind("HTTP/1.1 503", 0), 0u) << ready;
+  EXPECT_NE(ready.find("not ready: stopping"), std::string::npos) << ready;
+  server->stop();
+}
+
+TEST(metrics_text, a_queue_name_with_quotes_backslashes_and_newlines_is_escaped_in_every_label) {
+  detail::live_metrics m;
+  const std::string name = "a\"b\\c\nd";
+  m.queues.get(name).completed.fetch_add(2);
+  m.queues.get(name).depth_known = true;
+  m.queues.get(name).pickup.observe(3ms);
+  const auto text = detail::prometheus_text(m.snapshot());
+  const std::string escaped = R"(queue="a\"b\\c\nd")";
+  EXPECT_NE(text.find("tenure_completed_total{" + escaped + "} 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("tenure_pickup_latency_seconds_count{" + escaped + "} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("tenure_queue_depth{" + escaped + ",state=\"available\"} 0\n"), std::string::npos);
+  EXPECT_NE(text.find("tenure_run_duration_seconds_bucket{" + escaped + ",outcome=\"stale\",le=\"+Inf\"} 0\n"),
+            std::string::npos);
+  // No raw newline inside a sample line: every line is a comment or starts with tenure_.
+  std::size_t start = 0;
+  for (std::size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {
+    const auto line = text.substr(start, nl - start);
+    EXPECT_TRUE(line.starts_with("# ") || line.starts_with("tenure_")) << line;
+  }
+  EXPECT_EQ(detail::escape_label_value("plain"), "plain");
+}
+
+TEST(metrics_text, histogram_buckets_are_cumulative_and_count_every_observation) {
+  detail::live_histogram h;
+  h.observe(0ms);
+  h.observe(1ms);    // on a bound: counted in le="0.001"
+  h.observe(1001us);
+  h.observe(700ms);
+  h.observe(2h);     // beyond the last bound: only +Inf
+  h.observe(-5ms);   // clock skew: counted as zero
+  const auto s = h.snapshot();
+  ASSERT_EQ(s.upper_bounds.size(), s.cumulative.size());
+  EXPECT_EQ(s.count, 6u);
+  EXPECT_EQ(s.cumulative.front(), 3u) << "0, -5 ms and 1 ms are <= 0.001 s";
+  EXPECT_DOUBLE_EQ(s.upper_bounds.front(), 0.001);
+  EXPECT_EQ(s.cumulative[1], 4u) << "1.001 ms <= 0.0025 s";
+  EXPECT_EQ(s.cumulative.back(), 5u) << "2 h is past the last bound";
+  for (std::size_t i = 1; i < s.cumulative.size(); ++i) EXPECT_LE(s.cumulative[i - 1], s.cumulative[i]);
+  EXPECT_NEAR(s.sum, 0.001 + 0.001001 + 0.7 + 7200, 1e-6);
+}
+
+TEST(metrics_text, per_queue_counters_are_labelled_and_summed_into_the_totals) {
+  detail::live_metrics m;
+  m.queues.get("billing").completed.fetch_add(3);
+  m.queues.get("mail").completed.fetch_add(4);
+  m.queues.get("mail").in_flight.fetch_add(2);
+  const auto r = m.snapshot();
+  EXPECT_EQ(r.completed, 7u);
+  EXPECT_EQ(r.in_flight, 2);
+  ASSERT_NE(r.queue("billing"), nullptr);
+  EXPECT_EQ(r.queue("billing")->completed, 3u);
+  const auto text = detail::prometheus_text(r);
+  EXPECT_NE(text.find("# TYPE tenure_completed_total counter\ntenure_completed_total{queue=\"billing\"} 3\n"
+                      "tenure_completed_total{queue=\"mail\"} 4\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("# TYPE tenure_pickup_latency_seconds histogram\n"), std::string::npos);
+  EXPECT_EQ(text.find("tenure_queue_depth{queue=\"mail\""), std::string::npos) << "no depth until counted";
 }
 
 TEST(job_context, wait_cancelled_with_no_limit_blocks_until_the_cancel) {

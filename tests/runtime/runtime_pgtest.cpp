@@ -10,11 +10,58 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <future>
+#include <regex>
+
 #include "runtime/runtime_fixture.hpp"
+#include "support/fault_proxy.hpp"
 #include "tenure/signal_port.hpp"
 
 namespace tenure::test {
 namespace {
+
+/// GET `target` on 127.0.0.1:port: the status and the body (status 0 when nothing answered).
+std::pair<int, std::string> http_get(std::uint16_t port, const std::string& target) {
+  namespace beast = boost::beast;
+  try {
+    boost::asio::io_context io;
+    boost::asio::ip::tcp::socket sock{io};
+    sock.connect({boost::asio::ip::make_address("127.0.0.1"), port});
+    beast::http::request<beast::http::empty_body> req{beast::http::verb::get, target, 11};
+    req.set(beast::http::field::host, "localhost");
+    beast::http::write(sock, req);
+    beast::flat_buffer buf;
+    beast::http::response<beast::http::string_body> res;
+    beast::http::read(sock, buf, res);
+    return {res.result_int(), res.body()};
+  } catch (const std::exception&) {
+    return {0, {}};
+  }
+}
+
+/// Opens a gate once, at the latest when it goes out of scope (so that a failed assertion never
+/// leaves a handler blocked, and stop() waiting for it).
+class gate {
+ public:
+  void open() {
+    if (!opened_.exchange(true)) promise_.set_value();
+  }
+  /// What a handler waits on (a copy: it outlives the gate).
+  std::shared_future<void> opened() const { return opened_future_; }
+  ~gate() { open(); }
+
+ private:
+  std::promise<void> promise_;
+  std::shared_future<void> opened_future_ = promise_.get_future().share();
+  std::atomic<bool> opened_{false};
+};
+
+/// The value of the sample `series` (name and labels exactly as written) in Prometheus text.
+std::optional<double> sample(const std::string& text, const std::string& series) {
+  const auto at = text.find("\n" + series + " ");
+  if (at == std::string::npos) return std::nullopt;
+  return std::stod(text.substr(at + 1 + series.size() + 1));
+}
 
 TEST_F(runtime_pg, drains_jobs_with_batched_claims_and_flushes) {
   enqueue_many(3000);
@@ -418,10 +465,175 @@ TEST_F(runtime_pg, metrics_are_served_in_prometheus_text) {
   beast::http::response<beast::http::string_body> res;
   beast::http::read(sock, buf, res);
   EXPECT_EQ(res.result_int(), 200);
-  EXPECT_NE(res.body().find("tenure_completed_total 3"), std::string::npos) << res.body();
+  EXPECT_NE(res.body().find("tenure_completed_total{queue=\"default\"} 3"), std::string::npos) << res.body();
   EXPECT_NE(res.body().find("# TYPE tenure_in_flight gauge"), std::string::npos);
   EXPECT_NE(res.body().find("tenure_pending_completions 0"), std::string::npos) << "all three were flushed";
   rt->stop();
+}
+
+TEST_F(runtime_pg, per_queue_metrics_after_a_drain_label_each_queue_with_its_own_counts_and_histograms) {
+  enqueue_many(30, "ok", "billing");
+  enqueue_many(12, "ok", "mail");
+  enqueue_many(4, "bad", "mail");
+  auto cfg = fast_config();
+  cfg.queues = {{.name = "billing", .max_concurrency = 4}, {.name = "mail", .max_concurrency = 4}};
+  cfg.metrics_port = 0;
+  auto rt = make(cfg);
+  rt->handle("ok", [](job_context&) { return job_outcome::completed(); });
+  rt->handle("bad", [](job_context&) { return job_outcome::fail("refused"); });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return count("state = 'completed'") == 42 && count("state = 'failed'") == 4; }));
+  ASSERT_TRUE(rt->wait_idle(10s));
+  const auto m = rt->metrics();
+  EXPECT_EQ(m.completed, 42u);
+  EXPECT_EQ(m.failed, 4u);
+  const auto* billing = m.queue("billing");
+  const auto* mail = m.queue("mail");
+  ASSERT_NE(billing, nullptr);
+  ASSERT_NE(mail, nullptr);
+  EXPECT_EQ(billing->completed, 30u);
+  EXPECT_EQ(billing->failed, 0u);
+  EXPECT_EQ(billing->claimed, 30u);
+  EXPECT_EQ(mail->completed, 12u);
+  EXPECT_EQ(mail->failed, 4u);
+  EXPECT_EQ(mail->claimed, 16u);
+  EXPECT_EQ(billing->pickup_latency.count, 30u);
+  EXPECT_EQ(mail->pickup_latency.count, 16u);
+  EXPECT_EQ(billing->run_duration[static_cast<std::size_t>(run_outcome::completed)].count, 30u);
+  EXPECT_EQ(mail->run_duration[static_cast<std::size_t>(run_outcome::completed)].count, 12u);
+  EXPECT_EQ(mail->run_duration[static_cast<std::size_t>(run_outcome::failed)].count, 4u);
+
+  const auto [status, text] = http_get(*rt->metrics_port(), "/metrics");
+  ASSERT_EQ(status, 200);
+  EXPECT_EQ(sample(text, R"(tenure_completed_total{queue="billing"})"), 30);
+  EXPECT_EQ(sample(text, R"(tenure_completed_total{queue="mail"})"), 12);
+  EXPECT_EQ(sample(text, R"(tenure_failed_total{queue="mail"})"), 4);
+  EXPECT_EQ(sample(text, R"(tenure_failed_total{queue="billing"})"), 0);
+  EXPECT_EQ(sample(text, R"(tenure_pickup_latency_seconds_count{queue="billing"})"), 30);
+  EXPECT_EQ(sample(text, R"(tenure_run_duration_seconds_count{queue="billing",outcome="completed"})"), 30);
+  EXPECT_EQ(sample(text, R"(tenure_run_duration_seconds_count{queue="mail",outcome="failed"})"), 4);
+  // The buckets of each series are cumulative and end at _count (le="+Inf").
+  for (const std::string series : {R"(tenure_run_duration_seconds_bucket{queue="billing",outcome="completed",le=")",
+                                   R"(tenure_pickup_latency_seconds_bucket{queue="mail",le=")"}) {
+    std::vector<double> counts;
+    for (std::size_t at = 0; (at = text.find("\n" + series, at)) != std::string::npos; ++at) {
+      const auto value = text.find("} ", at);
+      counts.push_back(std::stod(text.substr(value + 2)));
+    }
+    ASSERT_EQ(counts.size(), 19u) << series << "\n" << text;
+    EXPECT_TRUE(std::is_sorted(counts.begin(), counts.end())) << series;
+    EXPECT_EQ(counts.back(), series.find("billing") != std::string::npos ? 30 : 16) << series;
+  }
+  EXPECT_NE(text.find("# TYPE tenure_run_duration_seconds histogram"), std::string::npos);
+  rt->stop();
+}
+
+TEST_F(runtime_pg, queue_depth_gauges_match_the_database) {
+  enqueue_many(5, "x", "elsewhere");  // a queue nobody here serves
+  db_.exec("SELECT " + s("enqueue") + "('x', '{}', 'elsewhere', 2, now() + interval '1 hour', 25) FROM generate_series(1, 2)");
+  enqueue("hold");
+  enqueue("later");
+  auto cfg = fast_config();
+  auto rt = make(cfg);
+  gate release;
+  std::atomic<bool> holding{false};
+  rt->handle("hold", [&holding, opened = release.opened()](job_context&) {
+    holding = true;
+    opened.wait();
+    return job_outcome::completed();
+  });
+  rt->handle("later", [](job_context&) { return job_outcome::retry_after(std::chrono::hours{1}, "not yet"); });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return holding.load() && count("state = 'retryable'") == 1; }));
+  auto db_count = [&](const std::string& queue, const std::string& state) {
+    return count("queue = '" + queue + "' AND state = '" + state + "'");
+  };
+  // The leader counts on its next pass.
+  ASSERT_TRUE(eventually([&] {
+    const auto m = rt->metrics();
+    const auto* q = m.queue("default");
+    return q && q->depth_known && q->retryable == 1 && q->running == 1;
+  }));
+  const auto m = rt->metrics();
+  for (const std::string name : {"default", "elsewhere"}) {
+    const auto* q = m.queue(name);
+    ASSERT_NE(q, nullptr) << name;
+    ASSERT_TRUE(q->depth_known) << name;
+    EXPECT_EQ(q->available, db_count(name, "available")) << name;
+    EXPECT_EQ(q->scheduled, db_count(name, "scheduled")) << name;
+    EXPECT_EQ(q->retryable, db_count(name, "retryable")) << name;
+    EXPECT_EQ(q->running, db_count(name, "running")) << name;
+    EXPECT_EQ(q->waiting_external, db_count(name, "waiting_external")) << name;
+  }
+  EXPECT_EQ(m.queue("elsewhere")->available, 5);
+  EXPECT_EQ(m.queue("elsewhere")->scheduled, 2);
+  const double age = std::stod(db_.scalar("SELECT extract(epoch from clock_timestamp() - min(created_at)) FROM " +
+                                          s("jobs") + " WHERE queue = 'elsewhere' AND state = 'available'"));
+  EXPECT_GT(m.queue("elsewhere")->oldest_available_seconds, 0);
+  EXPECT_LE(m.queue("elsewhere")->oldest_available_seconds, age + 1);
+  const auto text = rt->prometheus_text();
+  EXPECT_EQ(sample(text, R"(tenure_queue_depth{queue="elsewhere",state="available"})"), 5);
+  EXPECT_EQ(sample(text, R"(tenure_queue_depth{queue="default",state="running"})"), 1);
+  release.open();
+  rt->stop();
+}
+
+TEST_F(runtime_pg, healthz_turns_503_once_the_database_stops_answering_past_the_limit_and_200_when_it_answers) {
+  fault_proxy proxy{schema_.dsn()};
+  auto cfg = fast_config();
+  cfg.metrics_port = 0;
+  cfg.unhealthy_after = 1s;
+  auto made = postgres::make_runtime({.dsn = proxy.dsn(schema_.dsn()), .schema = schema_.name(), .runtime = cfg});
+  ASSERT_TRUE(made) << made.error().message();
+  auto rt = std::move(made).value();
+  rt->handle("noop", [](job_context&) { return job_outcome::completed(); });
+  ASSERT_TRUE(rt->start());
+  const auto port = *rt->metrics_port();
+  EXPECT_EQ(http_get(port, "/healthz").first, 200);
+  // The database goes away: every connection is cut and new ones are refused.
+  proxy.refuse(true);
+  proxy.kill_everything();
+  const auto cut = std::chrono::steady_clock::now();
+  ASSERT_TRUE(eventually([&] { return http_get(port, "/healthz").first == 503; }, 15s));
+  EXPECT_GE(std::chrono::steady_clock::now() - cut, 900ms) << "unhealthy before the limit passed";
+  const auto [status, body] = http_get(port, "/healthz");
+  EXPECT_EQ(status, 503);
+  EXPECT_NE(body.find("the database has not answered"), std::string::npos) << body;
+  EXPECT_FALSE(rt->health().ok);
+  proxy.refuse(false);
+  ASSERT_TRUE(eventually([&] { return http_get(port, "/healthz").first == 200; }, 15s)) << "healthy again";
+  rt->stop();
+}
+
+TEST_F(runtime_pg, readyz_is_503_while_starting_and_stopping_and_200_while_running) {
+  enqueue("hold");
+  auto cfg = fast_config();
+  cfg.metrics_port = 0;
+  auto rt = make(cfg);
+  gate release;
+  std::atomic<bool> holding{false};
+  rt->handle("hold", [&holding, opened = release.opened()](job_context&) {
+    holding = true;
+    opened.wait();
+    return job_outcome::completed();
+  });
+  EXPECT_FALSE(rt->readiness().ok);
+  EXPECT_EQ(rt->readiness().reason, "not ready: starting");
+  ASSERT_TRUE(rt->start());
+  const auto port = *rt->metrics_port();
+  EXPECT_EQ(http_get(port, "/readyz").first, 200);
+  ASSERT_TRUE(eventually([&] { return holding.load(); }));
+  auto stopping = std::async(std::launch::async, [&] { rt->stop(); });
+  struct open_on_exit {
+    gate& g;
+    ~open_on_exit() { g.open(); }
+  } opener{release};  // destroyed before `stopping` waits for stop()
+  // stop() drains the held handler: the runtime is not ready meanwhile, while still serving.
+  ASSERT_TRUE(eventually([&] { return http_get(port, "/readyz").first == 503; }, 10s));
+  EXPECT_NE(http_get(port, "/readyz").second.find("not ready: stopping"), std::string::npos);
+  EXPECT_EQ(http_get(port, "/healthz").first, 200) << "stopping is not unhealthy";
+  release.open();
+  EXPECT_EQ(stopping.wait_for(10s), std::future_status::ready);
 }
 
 TEST_F(runtime_pg, queue_hard_deadline_from_the_config_rescues_a_long_attempt) {

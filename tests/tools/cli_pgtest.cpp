@@ -25,10 +25,14 @@
 
 #include "migrations.hpp"  // migrate_up_to: installs an older schema version
 #include "tenure/postgres/runtime.hpp"
+#include "tenure/postgres/schema.hpp"
 
 extern char** environ;
 
 namespace {
+
+/// The schema version this build migrates to.
+int known_version() { return tenure::postgres::known_schema_version(); }
 
 // ---- running the binary --------------------------------------------------------------------
 
@@ -246,17 +250,17 @@ class cli_pg : public testing::Test {
 TEST_F(cli_pg, migrate_then_migrate_again_is_a_no_op) {
   auto first = tenure({"migrate"});
   expect_success(first);
-  EXPECT_EQ(first.out, "schema " + schema_ + ": migrated from version 0 to 9\n");
+  EXPECT_EQ(first.out, "schema " + schema_ + ": migrated from version 0 to " + std::to_string(known_version()) + "\n");
 
   auto second = tenure({"migrate"});
   expect_success(second);  // in particular no server NOTICE leaking onto stderr
-  EXPECT_EQ(second.out, "schema " + schema_ + ": already at version 9\n");
+  EXPECT_EQ(second.out, "schema " + schema_ + ": already at version " + std::to_string(known_version()) + "\n");
 }
 
 TEST_F(cli_pg, environment_supplies_database_and_schema) {
   auto r = run_tenure({"migrate"}, {{"DATABASE_URL", dsn_}, {"TENURE_SCHEMA", schema_}});
   expect_success(r);
-  EXPECT_EQ(r.out, "schema " + schema_ + ": migrated from version 0 to 9\n");
+  EXPECT_EQ(r.out, "schema " + schema_ + ": migrated from version 0 to " + std::to_string(known_version()) + "\n");
 }
 
 // ---- enqueue and job show --------------------------------------------------------------------
@@ -988,7 +992,7 @@ TEST_F(cli_pg, version_and_help_go_to_stdout) {
   auto version = run_tenure({"--version"});
   expect_success(version);
   EXPECT_TRUE(
-      std::regex_match(version.out, std::regex{R"(tenure [0-9]+\.[0-9]+\.[0-9]+ \(schema version 9\)\n)"}))
+      std::regex_match(version.out, std::regex{R"(tenure [0-9]+\.[0-9]+\.[0-9]+ \(schema version )" + std::to_string(known_version()) + R"(\)\n)"}))
       << version;
   auto help = run_tenure({"--help"});
   expect_success(help);
@@ -1273,16 +1277,18 @@ TEST_F(cli_doctor, an_older_schema_says_run_migrate_and_a_newer_one_says_upgrade
   ASSERT_TRUE(older) << older.error().detail();
   auto [r, doc] = doctor();
   EXPECT_EQ(r.exit_code, 1) << r;
-  const auto f = finding_with(doc, "schema_version", "error", "version 7, older than this binary's 8");
+  const auto f = finding_with(doc, "schema_version", "error", "version 7, older than this binary's " + std::to_string(known_version()));
   EXPECT_NE(f["fix"].get<std::string>().find("tenure migrate"), std::string::npos) << f;
   EXPECT_EQ(f["details"]["installed"], 7);
   finding_with(doc, "stale_attempts", "warning", "not checked");
 
   migrate();
-  db_->exec("INSERT INTO " + schema_ + ".schema_version (version, name) VALUES (9, 'from the future')");
+  db_->exec("INSERT INTO " + schema_ + ".schema_version (version, name) VALUES (" +
+            std::to_string(known_version() + 1) + ", 'from the future')");
   auto [newer, newer_doc] = doctor();
   EXPECT_EQ(newer.exit_code, 1) << newer;
-  const auto g = finding_with(newer_doc, "schema_version", "error", "version 9, newer than this binary's 8");
+  const auto g = finding_with(newer_doc, "schema_version", "error", "version " + std::to_string(known_version() + 1) +
+                                           ", newer than this binary's " + std::to_string(known_version()));
   EXPECT_NE(g["fix"].get<std::string>().find("upgrade the tenure binary"), std::string::npos) << g;
 }
 

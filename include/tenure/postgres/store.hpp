@@ -97,6 +97,7 @@ class store final : public storage_port {
   result<bool> pause_queue(std::string_view queue) override;
   result<bool> resume_queue(std::string_view queue) override;
   result<void> update_queue(std::string_view queue, const queue_changes& changes) override;
+  result<std::vector<queue_depth>> queue_depths() override;
 
   const store_options& options() const noexcept;
 

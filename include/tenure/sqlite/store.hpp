@@ -104,6 +104,7 @@ class store final : public storage_port {
   /// Moves at most 10000 due jobs per call (oldest run_at first), like the Postgres adapter.
   result<std::int64_t> promote_due() override;
   result<attempt_evidence> reconcile(attempt_id attempt) override;
+  result<std::vector<queue_depth>> queue_depths() override;
   using storage_port::reconcile;
   /// errc::invalid_argument for a non-positive hard deadline, a negative backoff base or a cap
   /// below the base (the CHECKs of the queues table).

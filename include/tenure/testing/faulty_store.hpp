@@ -42,8 +42,9 @@ enum class op {
   complete_callback,
   fail_callback,
   configure_queue,
+  queue_depths,
 };
-inline constexpr std::size_t k_op_count = static_cast<std::size_t>(op::configure_queue) + 1;
+inline constexpr std::size_t k_op_count = static_cast<std::size_t>(op::queue_depths) + 1;
 
 std::string_view to_string(op o) noexcept;
 
@@ -116,6 +117,7 @@ class faulty_store final : public storage_port {
   using storage_port::reconcile;  // the batch form asks one at a time: each call counts
   result<void> configure_queue(std::string_view queue,
                                const queue_settings& settings) override;
+  result<std::vector<queue_depth>> queue_depths() override;
 
  private:
   enum class fault { none, refuse, in_doubt };
