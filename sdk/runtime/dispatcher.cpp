@@ -59,7 +59,6 @@ void dispatcher::arm_queue_timer(queue_state& q, milliseconds d) {
 
 void dispatcher::on_claimed(queue_state& q, int asked, result<std::vector<claimed_attempt>> r) {
   q.claiming = false;
-  q.last_answer = core.now();
   if (!r) {
     q.free += asked;
     m.database_errors.fetch_add(1, std::memory_order_relaxed);
@@ -134,8 +133,9 @@ bool dispatcher::claiming() const {
 
 /// A wake-up for `queue` (a NOTIFY, a rescue, a reconnect). NOTIFY needs no privilege, so a
 /// wake-up is only a hint: it never resets the idle polling (a claim that finds jobs does),
-/// and wake-ups are coalesced into at most one claim per queue per k_wake_gap after the last
-/// claim answered, however many arrive.
+/// and wake-ups start at most one claim per queue per k_wake_gap, however many arrive. The gap
+/// runs from the last claim a wake-up started, not from the last claim: the first wake-up after
+/// a quiet spell claims at once even when an idle poll has just answered.
 void dispatcher::on_wake(const std::string& queue) {
   auto it = table.by_name.find(queue);
   if (it == table.by_name.end()) return;
@@ -148,17 +148,21 @@ void dispatcher::on_wake(const std::string& queue) {
 }
 
 void dispatcher::claim_for_wake(queue_state& q) {
-  const auto since = core.now() - q.last_answer;
-  if (since >= k_wake_gap) {
+  const auto now = core.now();
+  if (!q.last_wake_claim || now - *q.last_wake_claim >= k_wake_gap) {
+    q.last_wake_claim = now;
     pump(q);
     return;
   }
   q.wake_pending = true;
   if (q.wake_timer_armed) return;
   q.wake_timer_armed = true;
-  core.at(q.wake_timer, q.last_answer + k_wake_gap, [this, &q](bool due) {
+  core.at(q.wake_timer, *q.last_wake_claim + k_wake_gap, [this, &q](bool due) {
     q.wake_timer_armed = false;
-    if (due && q.wake_pending && !q.claiming) pump(q);
+    if (due && q.wake_pending && !q.claiming) {
+      q.last_wake_claim = core.now();
+      pump(q);
+    }
   });
 }
 

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -31,7 +32,7 @@ struct queue_state {
   bool pump_posted = false;
   std::chrono::milliseconds idle_step{0};
   std::chrono::milliseconds error_backoff{0};
-  steady_time_point last_answer{};  ///< when the last claim statement answered
+  std::optional<steady_time_point> last_wake_claim;  ///< when a wake-up last started a claim (k_wake_gap)
   asio::steady_timer timer;
   asio::steady_timer wake_timer;
 };

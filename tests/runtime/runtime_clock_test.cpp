@@ -55,6 +55,28 @@ class one_grant_port final : public signal_port {
   std::atomic<std::int64_t> resigned{0};
 };
 
+/// Hands the runtime one wake-up for queue "default" each time the test sets `pending`. Never
+/// grants the maintenance lease.
+class wake_port final : public signal_port {
+ public:
+  result<void> connect() override { return success(); }
+  bool connected() const noexcept override { return true; }
+  result<std::vector<signal>> wait(std::chrono::milliseconds timeout) override {
+    std::this_thread::sleep_for(std::min(timeout, std::chrono::milliseconds{5}));
+    if (!pending.exchange(false)) return std::vector<signal>{};
+    signal s;
+    s.what = signal::kind::wake;
+    s.queue = "default";
+    return std::vector<signal>{s};
+  }
+  result<std::optional<std::int64_t>> try_lead(const std::string&, std::chrono::milliseconds) override {
+    return std::optional<std::int64_t>{};
+  }
+  void resign(const std::string&, std::int64_t) noexcept override {}
+
+  std::atomic<bool> pending{false};
+};
+
 class runtime_clock : public test::sqlite_runtime_fixture {
  protected:
   /// The runtime reads the test's manual clock too.
@@ -209,6 +231,30 @@ TEST_F(runtime_clock, stop_gives_up_on_a_handler_once_the_manual_clock_passes_th
   ASSERT_EQ(stopped.wait_for(60s), std::future_status::ready);
   EXPECT_TRUE(cancelled.load()) << "past the timeout the handler is cancelled";
   EXPECT_EQ(state(id.value()), job_state::running) << "its attempt stays open for rescue";
+}
+
+TEST_F(runtime_clock, a_wake_up_right_after_an_idle_poll_claims_at_once_not_after_the_wake_gap) {
+  auto c = config();
+  c.poll_interval = 10min;  // idle polls double from 2 ms: after the 12th, the next is seconds away
+  c.maintenance_interval = 20min;
+  c.maintenance_lease = 1h;
+  auto port = std::make_shared<wake_port>();
+  auto rt = make(c, port);
+  std::atomic<int> ran{0};
+  rt->handle("k", [&](job_context&) {
+    ++ran;
+    return job_outcome::completed();
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return faulty_->calls(op::claim) >= 12; }));
+  const auto claims = faulty_->calls(op::claim);
+  enqueue();
+  port->pending = true;
+  // The runtime's clock stands still, so the last idle poll answered "now": a wake-up held back
+  // until a gap after that answer would wait for the next idle poll, seconds away in real time.
+  ASSERT_TRUE(eventually([&] { return ran.load() == 1; }, 1500ms)) << "the wake-up did not claim";
+  EXPECT_EQ(faulty_->calls(op::claim), claims + 1) << "one claim, started by the wake-up";
+  rt->stop();
 }
 
 }  // namespace
