@@ -153,7 +153,8 @@ inline result<void> check_state(const enqueue_statement& st, tx_state state) {
 /// errc::database_unavailable, nothing was written. Lost in autocommit (`before` idle), the
 /// statement may have committed: errc::commit_in_doubt. A server error maps by its SQLSTATE
 /// (22023, a job the server refuses: errc::invalid_argument; 25P02: errc::protocol_error, as
-/// check_state) with the server's message as the detail; it aborts the caller's transaction.
+/// check_state) with the server's message as the detail, which then says that the caller's
+/// transaction is aborted (PostgreSQL aborts it on any error).
 inline error failure(const enqueue_statement& st, tx_state before, bool connection_lost, std::string_view sqlstate,
                      std::string_view message) {
   std::string msg = detail::primary_message(message);
@@ -169,6 +170,7 @@ inline error failure(const enqueue_statement& st, tx_state before, bool connecti
   if (code == errc::database_error) {
     tenure::logger()->error("tenure: {} failed with SQLSTATE {}: {}", st.name, sqlstate, msg);
   }
+  if (before == tx_state::in_transaction) msg += " (the caller's transaction is aborted: roll it back)";
   return error{code, std::move(msg), std::string{sqlstate}};
 }
 

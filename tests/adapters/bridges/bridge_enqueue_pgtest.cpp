@@ -170,6 +170,7 @@ TEST_P(bridge_enqueue, a_job_the_server_refuses_is_invalid_argument_with_its_mes
     EXPECT_TRUE(e.detail().starts_with(batch ? "tenure.enqueue_batch" : "tenure.enqueue")) << e.detail();
     EXPECT_NE(e.detail().find("metadata must be at most 8192 bytes as JSON text"), std::string::npos) << e.detail();
     EXPECT_EQ(e.detail().find('\n'), std::string::npos) << "one line";
+    EXPECT_TRUE(e.detail().ends_with("(the caller's transaction is aborted: roll it back)")) << e.detail();
     EXPECT_FALSE(tx->commit()) << "the refused statement aborted the caller's transaction";
   }
   EXPECT_EQ(count("orders"), 0);
@@ -183,7 +184,8 @@ TEST_P(bridge_enqueue, a_schema_without_tenure_is_schema_mismatch_with_the_serve
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error(), errc::schema_mismatch) << r.error().message();
   EXPECT_EQ(r.error().sqlstate(), "3F000");
-  EXPECT_EQ(r.error().detail(), "schema \"no_tenure_here\" does not exist");
+  EXPECT_EQ(r.error().detail(),
+            "schema \"no_tenure_here\" does not exist (the caller's transaction is aborted: roll it back)");
   tx->rollback();
 }
 
