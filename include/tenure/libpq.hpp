@@ -1,15 +1,41 @@
 #pragma once
 /// \file
-/// Opt-in bridge to a caller's raw libpq connection: caller-owned finalization. Link
-/// `tenure::libpq`. Nothing here begins, commits or rolls back: the caller owns the transaction.
+/// Opt-in bridge to a caller's raw libpq connection: transactional enqueue and caller-owned
+/// finalization. Link `tenure::libpq`. Nothing here begins, commits or rolls back: the caller
+/// owns the transaction.
+#include <cstdint>
+#include <span>
+#include <vector>
+
 #include <libpq-fe.h>
 
 #include "tenure/finalization.hpp"
+#include "tenure/job.hpp"
 #include "tenure/result.hpp"
+#include "tenure/sql_options.hpp"
 #include "tenure/token.hpp"
 #include "tenure/tx_bridge.hpp"
 
 namespace tenure {
+
+/// Enqueues one job on `conn` with `<schema>.enqueue(...)` (PQexecParams), inside the
+/// transaction the caller opened with BEGIN: its COMMIT makes the job exist, its ROLLBACK makes
+/// it never have existed. On a connection outside a transaction block the statement commits on
+/// its own (autocommit), as on a SOCI session without a transaction. Before anything is sent:
+/// errc::invalid_argument for a bad job (validate()'s detail) or schema name; errc::protocol_error
+/// in an aborted transaction or on a busy connection. A statement the server refuses aborts the
+/// caller's transaction (roll it back): errc::invalid_argument with the server's message for a
+/// job it refuses (SQLSTATE 22023), errc::schema_mismatch when tenure is not installed there,
+/// and so on by SQLSTATE (error::sqlstate()). errc::database_unavailable when the connection
+/// broke inside the transaction (the transaction is gone with it); errc::commit_in_doubt when it
+/// broke in autocommit (the job may exist).
+result<std::int64_t> enqueue(PGconn* conn, const new_job& job, const sql_options& options = {});
+
+/// Enqueues many jobs on `conn` with one `<schema>.enqueue_batch(...)` statement over arrays
+/// (never a statement per job); ids in input order. All or nothing: one invalid job refuses the
+/// batch before anything is sent. Otherwise as enqueue().
+result<std::vector<std::int64_t>> enqueue_batch(PGconn* conn, std::span<const new_job> jobs,
+                                                const sql_options& options = {});
 
 /// Completes the attempt named by `token` on `conn`, which must be inside a transaction the
 /// caller opened with BEGIN (errc::protocol_error otherwise: an autocommit completion would

@@ -1,17 +1,37 @@
 #pragma once
 /// \file
-/// Opt-in bridge to a caller's libpqxx transaction: caller-owned finalization. Link
-/// `tenure::pqxx`. Nothing here commits or aborts: the caller owns the transaction.
+/// Opt-in bridge to a caller's libpqxx transaction: transactional enqueue and caller-owned
+/// finalization. Link `tenure::pqxx`. Nothing here commits or aborts: the caller owns the
+/// transaction.
+#include <cstdint>
+#include <span>
 #include <type_traits>
+#include <vector>
 
 #include <pqxx/pqxx>
 
 #include "tenure/finalization.hpp"
+#include "tenure/job.hpp"
 #include "tenure/result.hpp"
+#include "tenure/sql_options.hpp"
 #include "tenure/token.hpp"
 #include "tenure/tx_bridge.hpp"
 
 namespace tenure {
+
+/// Enqueues one job inside `tx` (a pqxx::work or another pqxx transaction): the caller's commit
+/// makes the job exist, an abort makes it never have existed. On a pqxx::nontransaction the
+/// statement commits on its own (autocommit). The same statement, checks and errors as the libpq
+/// bridge's enqueue (tenure/libpq.hpp): errc::invalid_argument for a bad job (nothing sent) or one
+/// the server refuses (its message as the detail, SQLSTATE 22023); errc::protocol_error in an
+/// aborted transaction; errc::database_unavailable when the connection broke inside the
+/// transaction, errc::commit_in_doubt when it broke in autocommit. pqxx exceptions do not escape.
+result<std::int64_t> enqueue(pqxx::transaction_base& tx, const new_job& job, const sql_options& options = {});
+
+/// Enqueues many jobs inside `tx` with one `<schema>.enqueue_batch(...)` statement over arrays;
+/// ids in input order. All or nothing: one invalid job refuses the batch before anything is sent.
+result<std::vector<std::int64_t>> enqueue_batch(pqxx::transaction_base& tx, std::span<const new_job> jobs,
+                                                const sql_options& options = {});
 
 /// Completes the attempt named by `token` inside `tx` (a pqxx::work or another real pqxx
 /// transaction; a pqxx::nontransaction autocommits, so it is refused with errc::protocol_error).

@@ -18,6 +18,7 @@
 #include "tenure/finalization.hpp"
 #include "tenure/job.hpp"
 #include "tenure/result.hpp"
+#include "tenure/sql_options.hpp"
 #include "tenure/token.hpp"
 #include "tenure/tx_bridge.hpp"
 
@@ -28,13 +29,13 @@ namespace tenure {
 /// `postgresql://` URLs. errc::invalid_argument for a string libpq cannot parse.
 result<std::string> soci_connect_string(std::string_view dsn);
 
-struct sql_options {
-  std::string schema = "tenure";  ///< where tenure is installed
-};
-
-/// Enqueues one job through `session`. errc::invalid_argument for a bad job (nothing sent);
-/// errc::database_unavailable when the connection is gone; the caller's transaction is aborted
-/// by the server on any SQL error, as usual in PostgreSQL.
+/// Enqueues one job through `session`, inside the transaction open on it (a soci::transaction,
+/// or BEGIN; without one the statement commits on its own). The same statement, checks and
+/// errors as the libpq bridge's enqueue (tenure/libpq.hpp), run on the connection SOCI holds:
+/// errc::invalid_argument for a bad job (nothing sent) or one the server refuses (its message as
+/// the detail); errc::protocol_error in an aborted transaction; errc::database_unavailable when
+/// the connection is gone; the caller's transaction is aborted by the server on any SQL error,
+/// as usual in PostgreSQL.
 result<std::int64_t> enqueue(soci::session& session, const new_job& job, const sql_options& options = {});
 
 /// Enqueues many jobs with one statement (arrays, not a per-row loop); ids in input order.

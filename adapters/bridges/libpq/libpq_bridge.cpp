@@ -8,9 +8,55 @@
 #include "tenure/log.hpp"
 
 #include "common/complete_sql.hpp"
+#include "common/enqueue_sql.hpp"
 #include "tenure/postgres/sql_text.hpp"
 
 namespace tenure {
+namespace {
+
+bridges::tx_state state_of(PGconn* conn) {
+  if (PQstatus(conn) != CONNECTION_OK) return bridges::tx_state::unknown;
+  switch (PQtransactionStatus(conn)) {
+    case PQTRANS_INTRANS: return bridges::tx_state::in_transaction;
+    case PQTRANS_IDLE: return bridges::tx_state::idle;
+    case PQTRANS_INERROR: return bridges::tx_state::aborted;
+    case PQTRANS_ACTIVE: return bridges::tx_state::busy;
+    case PQTRANS_UNKNOWN:
+    default: return bridges::tx_state::unknown;
+  }
+}
+
+/// Runs an enqueue statement on the caller's connection, in whatever transaction is open on it.
+bridges::answer run(PGconn* conn, const bridges::enqueue_statement& st) {
+  if (conn == nullptr) return error{errc::invalid_argument, std::string{st.name} + " needs a PostgreSQL connection"};
+  const auto before = state_of(conn);
+  TENURE_TRYV(bridges::check_state(st, before));
+  std::vector<const char*> values;
+  for (const auto& p : st.params) values.push_back(p ? p->c_str() : nullptr);
+  std::unique_ptr<PGresult, decltype(&PQclear)> res{
+      PQexecParams(conn, st.sql.c_str(), static_cast<int>(values.size()), nullptr, values.data(), nullptr, nullptr, 0),
+      &PQclear};
+  if (res && PQresultStatus(res.get()) == PGRES_TUPLES_OK) {
+    if (PQntuples(res.get()) != 1 || PQnfields(res.get()) != 1) return errc::protocol_error;
+    if (PQgetisnull(res.get(), 0, 0)) return std::optional<std::string>{};
+    return std::optional<std::string>{PQgetvalue(res.get(), 0, 0)};
+  }
+  const char* state = res ? PQresultErrorField(res.get(), PG_DIAG_SQLSTATE) : nullptr;
+  const char* primary = res ? PQresultErrorField(res.get(), PG_DIAG_MESSAGE_PRIMARY) : nullptr;
+  return bridges::failure(st, before, PQstatus(conn) != CONNECTION_OK, state ? state : "",
+                          primary ? primary : PQerrorMessage(conn));
+}
+
+}  // namespace
+
+result<std::int64_t> enqueue(PGconn* conn, const new_job& job, const sql_options& options) {
+  return bridges::enqueue(job, options, [conn](const bridges::enqueue_statement& st) { return run(conn, st); });
+}
+
+result<std::vector<std::int64_t>> enqueue_batch(PGconn* conn, std::span<const new_job> jobs,
+                                                const sql_options& options) {
+  return bridges::enqueue_batch(jobs, options, [conn](const bridges::enqueue_statement& st) { return run(conn, st); });
+}
 
 result<finalization_receipt> complete_in_tx(PGconn* conn, const finalization_token& token,
                                             const finalize_options& options) {

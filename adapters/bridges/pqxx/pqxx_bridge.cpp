@@ -5,9 +5,68 @@
 #include "tenure/log.hpp"
 
 #include "common/complete_sql.hpp"
+#include "common/enqueue_sql.hpp"
 #include "tenure/postgres/sql_text.hpp"
 
 namespace tenure {
+namespace {
+
+/// Runs `sql` in `tx` with its $1..$n placeholders bound to `params` (nullopt: NULL), as quoted
+/// literals through tx.exec. Not exec_params: pqxx (6) rolls a transaction back when a statement
+/// in it fails and exec then refuses it (pqxx::usage_error), but exec_params goes straight to
+/// the connection, where it would run outside any transaction and commit on its own.
+pqxx::result exec_bound(pqxx::transaction_base& tx, const std::string& sql,
+                        const std::vector<std::optional<std::string>>& params) {
+  std::string text;
+  text.reserve(sql.size());
+  for (std::size_t i = 0; i < sql.size(); ++i) {
+    if (sql[i] != '$' || i + 1 >= sql.size() || sql[i + 1] < '1' || sql[i + 1] > '9') {
+      text += sql[i];
+      continue;
+    }
+    std::size_t n = 0;
+    while (i + 1 < sql.size() && sql[i + 1] >= '0' && sql[i + 1] <= '9') n = n * 10 + (sql[++i] - '0');
+    const auto& p = params.at(n - 1);
+    text += p ? tx.quote(*p) : std::string{"NULL"};
+  }
+  return tx.exec(text);
+}
+
+/// Runs an enqueue statement in the caller's transaction.
+bridges::answer run(pqxx::transaction_base& tx, const bridges::enqueue_statement& st) {
+  // pqxx sends BEGIN when a transaction object is made; a nontransaction autocommits.
+  const auto before = dynamic_cast<pqxx::nontransaction*>(&tx) != nullptr ? bridges::tx_state::idle
+                                                                          : bridges::tx_state::in_transaction;
+  try {
+    const pqxx::result r = exec_bound(tx, st.sql, st.params);
+    if (r.size() != 1 || r.columns() != 1) return errc::protocol_error;
+    if (r[0][0].is_null()) return std::optional<std::string>{};
+    return std::optional<std::string>{r[0][0].c_str()};
+  } catch (const pqxx::broken_connection& e) {
+    return bridges::failure(st, before, true, "", e.what());
+  } catch (const pqxx::sql_error& e) {
+    return bridges::failure(st, before, false, e.sqlstate(), e.what());
+  } catch (const pqxx::usage_error& e) {
+    // The transaction is closed (committed, aborted, or rolled back by pqxx after a failed
+    // statement), or a stream is open on it.
+    tenure::logger()->error("tenure: {}: {}", st.name, e.what());
+    return error{errc::protocol_error, std::string{st.name} + ": " + e.what()};
+  } catch (const std::exception& e) {
+    tenure::logger()->error("tenure: {} failed: {}", st.name, e.what());
+    return error{errc::database_error, e.what()};
+  }
+}
+
+}  // namespace
+
+result<std::int64_t> enqueue(pqxx::transaction_base& tx, const new_job& job, const sql_options& options) {
+  return bridges::enqueue(job, options, [&tx](const bridges::enqueue_statement& st) { return run(tx, st); });
+}
+
+result<std::vector<std::int64_t>> enqueue_batch(pqxx::transaction_base& tx, std::span<const new_job> jobs,
+                                                const sql_options& options) {
+  return bridges::enqueue_batch(jobs, options, [&tx](const bridges::enqueue_statement& st) { return run(tx, st); });
+}
 
 result<finalization_receipt> complete_in_tx(pqxx::transaction_base& tx, const finalization_token& token,
                                             const finalize_options& options) {
@@ -20,8 +79,7 @@ result<finalization_receipt> complete_in_tx(pqxx::transaction_base& tx, const fi
   }
   const std::string sql = bridges::complete_sql(options.schema, progress.has_value());
   try {
-    const pqxx::result r =
-        progress ? tx.exec_params(sql, token.to_string(), *progress) : tx.exec_params(sql, token.to_string());
+    const pqxx::result r = exec_bound(tx, sql, {token.to_string(), progress});
     if (r.size() != 1 || r[0][2].is_null()) return errc::protocol_error;
     return bridges::receipt_from(token, r[0][0].as<std::int64_t>(), r[0][1].as<std::int64_t>(),
                                  r[0][2].as<std::int64_t>());

@@ -11,6 +11,7 @@
 
 #include <soci/postgresql/soci-postgresql.h>
 
+#include "adapters/bridges/caller_tx.hpp"
 #include "support/pg.hpp"
 #include "tenure/libpq.hpp"
 #include "tenure/postgres/store.hpp"
@@ -23,112 +24,12 @@ using tenure::finalization_receipt;
 using tenure::finalization_token;
 using tenure::finalize_options;
 using tenure::result;
+using tenure::test::bridge;
+using tenure::test::caller_tx;
 using tenure::test::pg;
 using tenure::test::scoped_schema;
 
 namespace {
-
-/// The caller's side of one transaction, over one bridge.
-class caller_tx {
- public:
-  virtual ~caller_tx() = default;
-  virtual void begin() = 0;
-  virtual void exec(const std::string& sql) = 0;  ///< throws on error
-  virtual result<finalization_receipt> complete(const finalization_token& t, const finalize_options& o) = 0;
-  virtual bool commit() = 0;  ///< false when the server refused (e.g. the transaction was aborted)
-  virtual void rollback() = 0;
-  virtual int backend_pid() = 0;  ///< the server process behind the caller's connection
-  virtual int socket() = 0;       ///< the client end of the caller's connection
-};
-
-class libpq_tx final : public caller_tx {
- public:
-  explicit libpq_tx(const std::string& dsn, bool session_settings = true) : db_(dsn, session_settings) {}
-  void begin() override { db_.exec("BEGIN"); }
-  void exec(const std::string& sql) override { db_.exec(sql); }
-  result<finalization_receipt> complete(const finalization_token& t, const finalize_options& o) override {
-    return tenure::complete_in_tx(db_.native(), t, o);
-  }
-  bool commit() override {
-    // COMMIT of an aborted transaction succeeds with the command tag ROLLBACK.
-    PGresult* r = PQexec(db_.native(), "COMMIT");
-    const bool ok = PQresultStatus(r) == PGRES_COMMAND_OK && std::string{PQcmdStatus(r)} == "COMMIT";
-    PQclear(r);
-    return ok;
-  }
-  void rollback() override { db_.query("ROLLBACK"); }
-  int backend_pid() override { return PQbackendPID(db_.native()); }
-  int socket() override { return PQsocket(db_.native()); }
-  PGconn* native() { return db_.native(); }
-
- private:
-  pg db_;
-};
-
-class soci_tx final : public caller_tx {
- public:
-  explicit soci_tx(const std::string& dsn) : session_(soci::postgresql, tenure::test::keyword_dsn(dsn)) {}
-  void begin() override { tx_.emplace(session_); }
-  void exec(const std::string& sql) override { session_ << sql; }
-  result<finalization_receipt> complete(const finalization_token& t, const finalize_options& o) override {
-    return tenure::complete_in_tx(session_, t, o);
-  }
-  bool commit() override {
-    // SOCI's commit does not report that the server rolled back an aborted transaction.
-    auto* be = static_cast<soci::postgresql_session_backend*>(session_.get_backend());
-    const bool aborted = PQtransactionStatus(be->conn_) == PQTRANS_INERROR;
-    try {
-      tx_->commit();
-      return !aborted;
-    } catch (const soci::soci_error&) {
-      return false;
-    }
-  }
-  void rollback() override {
-    if (tx_) tx_->rollback();
-  }
-  int backend_pid() override { return PQbackendPID(native()); }
-  int socket() override { return PQsocket(native()); }
-  PGconn* native() { return static_cast<soci::postgresql_session_backend*>(session_.get_backend())->conn_; }
-  soci::session& session() { return session_; }
-
- private:
-  soci::session session_;
-  std::optional<soci::transaction> tx_;
-};
-
-class pqxx_tx final : public caller_tx {
- public:
-  explicit pqxx_tx(const std::string& dsn) : conn_(dsn) {}
-  void begin() override {
-    work_.reset();  // one transaction object per connection at a time
-    work_ = std::make_unique<pqxx::work>(conn_);
-  }
-  void exec(const std::string& sql) override { work_->exec(sql); }
-  result<finalization_receipt> complete(const finalization_token& t, const finalize_options& o) override {
-    return tenure::complete_in_tx(*work_, t, o);
-  }
-  bool commit() override {
-    try {
-      // pqxx 6 commits an aborted transaction without complaint (the server answers ROLLBACK):
-      // ask the server first; in an aborted transaction any statement fails with 25P02.
-      work_->exec("SELECT 1");
-      work_->commit();
-      return true;
-    } catch (const std::exception&) {
-      return false;
-    }
-  }
-  void rollback() override { work_->abort(); }
-  int backend_pid() override { return conn_.backendpid(); }
-  int socket() override { return conn_.sock(); }
-
- private:
-  pqxx::connection conn_;
-  std::unique_ptr<pqxx::work> work_;
-};
-
-enum class bridge { libpq, soci, pqxx };
 
 class complete_in_tx : public ::testing::TestWithParam<bridge> {
  protected:
@@ -142,12 +43,7 @@ class complete_in_tx : public ::testing::TestWithParam<bridge> {
   std::unique_ptr<caller_tx> open_tx() { return open_tx(schema_.dsn()); }
   /// `dsn` may be a pooler's: the caller's connection then sets nothing on its server session.
   std::unique_ptr<caller_tx> open_tx(const std::string& dsn) {
-    switch (GetParam()) {
-      case bridge::libpq: return std::make_unique<libpq_tx>(dsn, dsn == schema_.dsn());
-      case bridge::soci: return std::make_unique<soci_tx>(dsn);
-      case bridge::pqxx: return std::make_unique<pqxx_tx>(dsn);
-    }
-    return nullptr;
+    return tenure::test::open_caller_tx(GetParam(), dsn, dsn == schema_.dsn());
   }
   std::string s(const std::string& n) const { return schema_.name() + "." + n; }
   /// Enqueues and claims one job; returns the claimed attempt.
@@ -443,14 +339,7 @@ TEST_P(complete_in_tx, unknown_job_token_is_stale_and_a_bad_schema_is_refused_be
 }
 
 INSTANTIATE_TEST_SUITE_P(bridges, complete_in_tx, ::testing::Values(bridge::libpq, bridge::soci, bridge::pqxx),
-                         [](const auto& info) {
-                           switch (info.param) {
-                             case bridge::libpq: return std::string{"libpq"};
-                             case bridge::soci: return std::string{"soci"};
-                             case bridge::pqxx: return std::string{"pqxx"};
-                           }
-                           return std::string{"unknown"};
-                         });
+                         tenure::test::bridge_name);
 
 // Without an open transaction, a completion would commit apart from the business writes.
 TEST(complete_in_tx_guard, libpq_refuses_a_connection_outside_begin) {
@@ -462,7 +351,9 @@ TEST(complete_in_tx_guard, libpq_refuses_a_connection_outside_begin) {
   EXPECT_EQ(r.error(), errc::protocol_error);
 }
 
-TEST(complete_in_tx_guard, pqxx_refuses_a_nontransaction) {
+/// complete_in_tx on the pqxx transaction `open` makes is refused and completes nothing.
+template <class Open>
+void expect_pqxx_refuses_and_completes_nothing(Open&& open) {
   scoped_schema schema{"cit"};
   auto st = tenure::postgres::store::open({.dsn = schema.dsn(), .schema = schema.name()});
   ASSERT_TRUE(st) << st.error().message();
@@ -471,16 +362,30 @@ TEST(complete_in_tx_guard, pqxx_refuses_a_nontransaction) {
   ASSERT_TRUE(claimed && claimed.value().size() == 1);
   const auto c = claimed.value()[0];
   pqxx::connection conn{schema.dsn()};
-  pqxx::nontransaction autocommit{conn};
-  auto r = tenure::complete_in_tx(static_cast<pqxx::transaction_base&>(autocommit), c.token(),
-                                  {.schema = schema.name()});
+  std::unique_ptr<pqxx::transaction_base> tx = open(conn);
+  auto r = tenure::complete_in_tx(*tx, c.token(), {.schema = schema.name()});
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error(), errc::protocol_error);
   pg check{schema.dsn()};
   EXPECT_EQ(check.scalar("SELECT state FROM " + schema.name() + ".jobs WHERE id = $1",
                          {std::to_string(c.attempt.job_id)}),
             "running")
-      << "nothing was completed outside a transaction";
+      << "nothing was completed outside the caller's transaction";
+}
+
+TEST(complete_in_tx_guard, pqxx_refuses_a_nontransaction) {
+  expect_pqxx_refuses_and_completes_nothing(
+      [](pqxx::connection& conn) { return std::make_unique<pqxx::nontransaction>(conn); });
+}
+
+// pqxx rolls a transaction back when a statement in it fails; a completion sent after that would
+// run outside any transaction and commit on its own.
+TEST(complete_in_tx_guard, pqxx_refuses_a_transaction_a_failed_statement_rolled_back) {
+  expect_pqxx_refuses_and_completes_nothing([](pqxx::connection& conn) {
+    auto tx = std::make_unique<pqxx::work>(conn);
+    EXPECT_ANY_THROW(tx->exec("SELECT 1/0"));
+    return tx;
+  });
 }
 
 TEST(complete_in_tx_guard, soci_refuses_a_session_outside_a_transaction) {

@@ -1,0 +1,263 @@
+// Transactional enqueue through each bridge (libpq, SOCI, libpqxx), on the caller's own
+// connection: the job exists if and only if the caller's transaction commits.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "adapters/bridges/caller_tx.hpp"
+#include "support/pg.hpp"
+#include "tenure/postgres/store.hpp"
+
+using namespace std::chrono_literals;
+using namespace tenure::test;  // bridge, caller_tx, pg, scoped_schema
+using tenure::errc;
+using tenure::new_job;
+
+namespace {
+
+class bridge_enqueue : public ::testing::TestWithParam<bridge> {
+ protected:
+  void SetUp() override {
+    check_.exec("CREATE TABLE " + s("orders") + " (id serial PRIMARY KEY, note text)");
+    opts_.schema = schema_.name();
+  }
+  std::unique_ptr<caller_tx> open_tx() { return open_caller_tx(GetParam(), schema_.dsn()); }
+  std::string s(const std::string& n) const { return schema_.name() + "." + n; }
+  long count(const std::string& table) { return std::stol(check_.scalar("SELECT count(*) FROM " + s(table))); }
+  std::string insert_order() const { return "INSERT INTO " + s("orders") + " (note) VALUES ('paid')"; }
+  std::vector<tenure::claimed_attempt> claim(int n) {
+    auto st = tenure::postgres::store::open({.dsn = schema_.dsn(), .schema = schema_.name()});
+    EXPECT_TRUE(st) << st.error().message();
+    auto got = st.value()->claim("default", n, "test");
+    EXPECT_TRUE(got) << got.error().message();
+    return got.value();
+  }
+  /// A metadata object within the limit as this process measures it, over it as PostgreSQL
+  /// prints it: 1e100 is 6 bytes here and 101 there.
+  static nlohmann::json metadata_only_the_server_measures_over_the_limit() {
+    nlohmann::json m{{"n", 1e100}};
+    m["pad"] = std::string(tenure::k_max_metadata_size - 40, 'x');
+    return m;
+  }
+  /// The caller's connection taken away by the server (its backend terminated) before `call`.
+  template <class Call>
+  auto after_the_backend_is_terminated(caller_tx& tx, Call&& call) {
+    const std::string pid = std::to_string(tx.backend_pid());
+    EXPECT_EQ(check_.scalar("SELECT pg_terminate_backend($1)", {pid}), "t");
+    for (int i = 0; i < 200 && check_.scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", {pid}) != "0";
+         ++i) {
+      std::this_thread::sleep_for(10ms);
+    }
+    return call();
+  }
+
+  scoped_schema schema_{"benq"};
+  pg check_{schema_.dsn()};
+  tenure::sql_options opts_;
+};
+
+TEST_P(bridge_enqueue, commit_makes_the_business_row_and_the_job_exist_and_a_claim_sees_it) {
+  auto tx = open_tx();
+  tx->begin();
+  tx->exec(insert_order());
+  auto id = tx->enqueue({.kind = "charge", .args = {{"order", 1}}}, opts_);
+  ASSERT_TRUE(id) << id.error().message();
+  EXPECT_EQ(count("jobs"), 0) << "invisible before the caller commits";
+  ASSERT_TRUE(tx->commit());
+  EXPECT_EQ(count("orders"), 1);
+  const auto claimed = claim(10);
+  ASSERT_EQ(claimed.size(), 1u);
+  EXPECT_EQ(claimed[0].attempt.job_id, id.value());
+  EXPECT_EQ(claimed[0].kind, "charge");
+  EXPECT_EQ(nlohmann::json::parse(claimed[0].args), (nlohmann::json{{"order", 1}}));
+}
+
+TEST_P(bridge_enqueue, rollback_leaves_neither_the_business_row_nor_the_job) {
+  auto tx = open_tx();
+  tx->begin();
+  tx->exec(insert_order());
+  ASSERT_TRUE(tx->enqueue({.kind = "charge"}, opts_));
+  const std::vector<new_job> two{{.kind = "a"}, {.kind = "b"}};
+  ASSERT_TRUE(tx->enqueue_batch(two, opts_));
+  tx->rollback();
+  EXPECT_EQ(count("jobs"), 0);
+  EXPECT_EQ(count("orders"), 0);
+  EXPECT_TRUE(claim(10).empty());
+}
+
+TEST_P(bridge_enqueue, batch_is_one_statement_with_ids_in_input_order) {
+  std::vector<new_job> jobs;
+  for (int i = 0; i < 500; ++i) {
+    jobs.push_back({.kind = "k", .args = {{"i", i}, {"quote", "a\"b\\c'd{,}"}}, .queue = i % 2 ? "odd" : "even"});
+  }
+  jobs[7].run_at = tenure::clock_type::now() + 1h;
+  auto tx = open_tx();
+  tx->begin();
+  tx->exec("SET LOCAL track_functions = 'pl'");
+  auto ids = tx->enqueue_batch(jobs, opts_);
+  ASSERT_TRUE(ids) << ids.error().message();
+  ASSERT_EQ(ids.value().size(), jobs.size());
+  // Counted by the server inside this transaction: one call of enqueue_batch, none of enqueue.
+  EXPECT_EQ(tx->scalar("SELECT coalesce(pg_stat_get_xact_function_calls('" + s("enqueue_batch") + "'::regproc), 0)"),
+            "1");
+  EXPECT_EQ(tx->scalar("SELECT coalesce(pg_stat_get_xact_function_calls('" + s("enqueue") +
+                       "(text,jsonb,text,int,timestamptz,int,jsonb)'::regprocedure), 0)"),
+            "0");
+  ASSERT_TRUE(tx->commit());
+  for (std::size_t i = 0; i < jobs.size(); i += 61) {
+    EXPECT_EQ(check_.scalar("SELECT (args->>'i') || queue || (args->>'quote') FROM " + s("jobs") + " WHERE id = $1",
+                            {std::to_string(ids.value()[i])}),
+              std::to_string(i) + (i % 2 ? "odd" : "even") + "a\"b\\c'd{,}");
+  }
+  EXPECT_EQ(check_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {std::to_string(ids.value()[7])}),
+            "scheduled");
+  EXPECT_TRUE(std::is_sorted(ids.value().begin(), ids.value().end()));
+}
+
+TEST_P(bridge_enqueue, invalid_job_is_refused_before_anything_is_sent_and_the_transaction_stays_usable) {
+  auto tx = open_tx();
+  tx->begin();
+  auto one = tx->enqueue({.kind = "k", .priority = 9}, opts_);
+  ASSERT_FALSE(one);
+  EXPECT_EQ(one.error(), errc::invalid_argument);
+  EXPECT_EQ(one.error().detail(), "priority 9 outside 1..4");
+  auto meta = tx->enqueue({.kind = "k", .metadata = nlohmann::json::array({1})}, opts_);
+  ASSERT_FALSE(meta);
+  EXPECT_EQ(meta.error().detail(), "metadata must be a JSON object, not array");
+  std::vector<new_job> batch(10, new_job{.kind = "k"});
+  batch[5].metadata = {{"k", std::string(10'000, 'x')}};
+  auto many = tx->enqueue_batch(batch, opts_);
+  ASSERT_FALSE(many);
+  EXPECT_EQ(many.error(), errc::invalid_argument);
+  EXPECT_EQ(many.error().detail(), "metadata is 10009 bytes as JSON text, more than 8192");
+  auto schema = tx->enqueue({.kind = "k"}, {.schema = "Bad-Name"});
+  ASSERT_FALSE(schema);
+  EXPECT_EQ(schema.error(), errc::invalid_argument);
+  // Nothing was sent: the caller's transaction goes on and commits its own write.
+  tx->exec(insert_order());
+  ASSERT_TRUE(tx->commit());
+  EXPECT_EQ(count("orders"), 1);
+  EXPECT_EQ(count("jobs"), 0);
+}
+
+TEST_P(bridge_enqueue, a_job_the_server_refuses_is_invalid_argument_with_its_message_and_aborts_the_transaction) {
+  const new_job job{.kind = "k", .metadata = metadata_only_the_server_measures_over_the_limit()};
+  ASSERT_TRUE(tenure::validate(job)) << "the client's measure lets it through";
+  for (const bool batch : {false, true}) {
+    SCOPED_TRACE(batch ? "enqueue_batch" : "enqueue");
+    auto tx = open_tx();
+    tx->begin();
+    tx->exec(insert_order());
+    tenure::error e;
+    if (batch) {
+      const std::vector<new_job> jobs{{.kind = "k"}, job};
+      auto r = tx->enqueue_batch(jobs, opts_);
+      ASSERT_FALSE(r);
+      e = r.error();
+    } else {
+      auto r = tx->enqueue(job, opts_);
+      ASSERT_FALSE(r);
+      e = r.error();
+    }
+    EXPECT_EQ(e, errc::invalid_argument) << e.message();
+    EXPECT_EQ(e.sqlstate(), "22023");
+    EXPECT_TRUE(e.detail().starts_with(batch ? "tenure.enqueue_batch" : "tenure.enqueue")) << e.detail();
+    EXPECT_NE(e.detail().find("metadata must be at most 8192 bytes as JSON text"), std::string::npos) << e.detail();
+    EXPECT_EQ(e.detail().find('\n'), std::string::npos) << "one line";
+    EXPECT_TRUE(e.detail().ends_with("(the caller's transaction is aborted: roll it back)")) << e.detail();
+    EXPECT_FALSE(tx->commit()) << "the refused statement aborted the caller's transaction";
+  }
+  EXPECT_EQ(count("orders"), 0);
+  EXPECT_EQ(count("jobs"), 0);
+}
+
+TEST_P(bridge_enqueue, a_schema_without_tenure_is_schema_mismatch_with_the_servers_message) {
+  auto tx = open_tx();
+  tx->begin();
+  auto r = tx->enqueue({.kind = "k"}, {.schema = "no_tenure_here"});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), errc::schema_mismatch) << r.error().message();
+  EXPECT_EQ(r.error().sqlstate(), "3F000");
+  EXPECT_EQ(r.error().detail(),
+            "schema \"no_tenure_here\" does not exist (the caller's transaction is aborted: roll it back)");
+  tx->rollback();
+}
+
+// Never a job committed on its own while the caller believes it is in a transaction.
+TEST_P(bridge_enqueue, in_an_aborted_transaction_enqueue_is_a_protocol_error_and_writes_nothing) {
+  auto tx = open_tx();
+  tx->begin();
+  EXPECT_ANY_THROW(tx->exec("SELECT 1/0"));
+  auto one = tx->enqueue({.kind = "k"}, opts_);
+  ASSERT_FALSE(one);
+  EXPECT_EQ(one.error(), errc::protocol_error) << one.error().message();
+  // libpq and SOCI see the aborted transaction on the connection; pqxx rolled it back already.
+  EXPECT_TRUE(one.error().detail().starts_with("enqueue")) << one.error().detail();
+  const std::vector<new_job> two{{.kind = "a"}, {.kind = "b"}};
+  auto many = tx->enqueue_batch(two, opts_);
+  ASSERT_FALSE(many);
+  EXPECT_EQ(many.error(), errc::protocol_error) << many.error().message();
+  tx->rollback();
+  EXPECT_EQ(count("jobs"), 0);
+}
+
+TEST_P(bridge_enqueue, outside_a_transaction_the_job_commits_on_its_own) {
+  auto tx = open_tx();
+  tx->begin_autocommit();
+  auto id = tx->enqueue({.kind = "charge"}, opts_);
+  ASSERT_TRUE(id) << id.error().message();
+  EXPECT_EQ(check_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {std::to_string(id.value())}),
+            "available")
+      << "visible at once: no transaction held it";
+}
+
+TEST_P(bridge_enqueue, metadata_reaches_the_claim) {
+  const nlohmann::json m{{"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}};
+  auto tx = open_tx();
+  tx->begin();
+  auto one = tx->enqueue({.kind = "charge", .metadata = m}, opts_);
+  ASSERT_TRUE(one) << one.error().message();
+  const std::vector<new_job> jobs{{.kind = "charge", .metadata = m}, {.kind = "charge"}};
+  auto many = tx->enqueue_batch(jobs, opts_);
+  ASSERT_TRUE(many) << many.error().message();
+  ASSERT_TRUE(tx->commit());
+  std::map<std::int64_t, nlohmann::json> seen;
+  for (const auto& c : claim(10)) {
+    seen[c.attempt.job_id] = c.metadata.empty() ? nlohmann::json::object() : nlohmann::json::parse(c.metadata);
+  }
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen[one.value()], m);
+  EXPECT_EQ(seen[many.value()[0]], m);
+  EXPECT_EQ(seen[many.value()[1]], nlohmann::json::object());
+}
+
+TEST_P(bridge_enqueue, a_connection_lost_inside_the_callers_transaction_is_unavailable_and_writes_nothing) {
+  auto tx = open_tx();
+  tx->begin();
+  tx->exec(insert_order());
+  auto r = after_the_backend_is_terminated(*tx, [&] { return tx->enqueue({.kind = "charge"}, opts_); });
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), errc::database_unavailable) << r.error().message();
+  EXPECT_EQ(count("jobs"), 0);
+  EXPECT_EQ(count("orders"), 0);
+}
+
+TEST_P(bridge_enqueue, a_connection_lost_in_autocommit_is_in_doubt) {
+  auto tx = open_tx();
+  tx->begin_autocommit();
+  const std::vector<new_job> two{{.kind = "a"}, {.kind = "b"}};
+  auto r = after_the_backend_is_terminated(*tx, [&] { return tx->enqueue_batch(two, opts_); });
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), errc::commit_in_doubt) << r.error().message();
+}
+
+INSTANTIATE_TEST_SUITE_P(bridges, bridge_enqueue, ::testing::Values(bridge::libpq, bridge::soci, bridge::pqxx),
+                         bridge_name);
+
+}  // namespace
