@@ -11,13 +11,13 @@
 #include <thread>
 #include <vector>
 
-#include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 
 #include "tenure/clock.hpp"
 #include "tenure/runtime.hpp"
 
 #include "sqlite_runtime_fixture.hpp"
+#include "support/log_watch.hpp"
 
 namespace tenure::middleware_tests {  // named: the file may share a unity build with others
 namespace {
@@ -34,33 +34,7 @@ bool eventually(Cond cond, std::chrono::milliseconds timeout = 10s) {
   return cond();
 }
 
-/// Counts log lines containing a needle while alive.
-class log_watch final : public spdlog::sinks::base_sink<std::mutex> {
- public:
-  explicit log_watch(std::string needle) : needle_(std::move(needle)) {}
-  std::atomic<int> hits{0};
-
- protected:
-  void sink_it_(const spdlog::details::log_msg& msg) override {
-    if (std::string_view{msg.payload.data(), msg.payload.size()}.find(needle_) != std::string_view::npos) ++hits;
-  }
-  void flush_() override {}
-
- private:
-  std::string needle_;
-};
-
-class watching_log {
- public:
-  explicit watching_log(std::string needle) : watch_(std::make_shared<log_watch>(std::move(needle))) {
-    tenure::logger()->sinks().push_back(watch_);
-  }
-  ~watching_log() { std::erase(tenure::logger()->sinks(), std::static_pointer_cast<spdlog::sinks::sink>(watch_)); }
-  int hits() const { return watch_->hits.load(); }
-
- private:
-  std::shared_ptr<log_watch> watch_;
-};
+using test::watching_log;
 
 /// A record of what happened, in order, from any thread.
 struct journal {

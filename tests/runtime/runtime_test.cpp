@@ -8,7 +8,6 @@
 #include <mutex>
 #include <thread>
 
-#include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 
 #include "tenure/testing/faulty_store.hpp"
@@ -17,6 +16,7 @@
 #include "tenure/runtime.hpp"
 
 #include "sqlite_runtime_fixture.hpp"
+#include "support/log_watch.hpp"
 
 namespace tenure {
 namespace {
@@ -259,34 +259,7 @@ TEST_F(runtime_unit, stop_keeps_retrying_a_failing_flush_within_its_deadline) {
   EXPECT_EQ(rt->metrics().flush_failures, 2u);
 }
 
-/// Lines logged at warning level or above that contain `needle`, seen by a sink added for a test.
-class log_watch final : public spdlog::sinks::base_sink<std::mutex> {
- public:
-  explicit log_watch(std::string needle) : needle_(std::move(needle)) {}
-  std::atomic<int> hits{0};
-
- protected:
-  void sink_it_(const spdlog::details::log_msg& msg) override {
-    if (std::string_view{msg.payload.data(), msg.payload.size()}.find(needle_) != std::string_view::npos) ++hits;
-  }
-  void flush_() override {}
-
- private:
-  std::string needle_;
-};
-
-/// Adds a log_watch to the default logger for a scope.
-class watching_log {
- public:
-  explicit watching_log(std::string needle) : watch_(std::make_shared<log_watch>(std::move(needle))) {
-    tenure::logger()->sinks().push_back(watch_);
-  }
-  ~watching_log() { std::erase(tenure::logger()->sinks(), std::static_pointer_cast<spdlog::sinks::sink>(watch_)); }
-  int hits() const { return watch_->hits.load(); }
-
- private:
-  std::shared_ptr<log_watch> watch_;
-};
+using test::watching_log;
 
 TEST_F(runtime_unit, stop_waits_for_a_claim_in_flight_and_runs_what_it_claimed) {
   auto rt = make(config());
