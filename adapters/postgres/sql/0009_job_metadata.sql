@@ -13,9 +13,11 @@
 --     overload a function on a defaulted parameter without making calls ambiguous, so the old
 --     signatures are dropped and the new ones created, with the grants they had.
 --   - The claim: claim_attempts and claim return metadata as their last column (a changed return
---     type: dropped and created, with their grants). It travels with the job's row through
---     every move (promotion, claim, completion, failure, retry, snooze, rescue, cancel, admin
---     retry), in the functions below, which are the latest versions with the column added.
+--     type: dropped and created, with their grants). claim_attempts then returns available_at:
+--     when the job became claimable (its run_at, or its created_at when later), from which the
+--     worker measures pickup latency. Metadata travels with the job's row through every move
+--     (promotion, claim, completion, failure, retry, snooze, rescue, cancel, admin retry), in the
+--     functions below, which are the latest versions with the column added.
 --   - complete_batch and heartbeat_batch no longer add `r.job_id = ANY (job_ids)` to their join
 --     with the input. The plan these functions cache is generic, chosen from the estimates of the
 --     first call in a session; when it became a nested loop over the input, that condition made
@@ -247,7 +249,7 @@ END $$;
 CREATE FUNCTION @schema@.claim_attempts(queue text, max_jobs int DEFAULT 1, worker text DEFAULT NULL,
                                         idle_mode text DEFAULT NULL)
 RETURNS TABLE(job_id bigint, run_lease bigint, kind text, args jsonb, attempt int, max_attempts int,
-              deadline_at timestamptz, secret uuid, metadata jsonb)
+              deadline_at timestamptz, secret uuid, metadata jsonb, available_at timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
@@ -288,10 +290,11 @@ BEGIN
            now() + (SELECT q.hard_deadline FROM @schema@.queues q WHERE q.name = claim_attempts.queue),
            claim_attempts.worker, m.last_error, m.progress, gen_random_uuid(), m.metadata
       FROM moved m
-    RETURNING job_id, run_lease, kind, args, attempt, max_attempts, deadline_at, secret, metadata, priority
+    RETURNING job_id, run_lease, kind, args, attempt, max_attempts, deadline_at, secret, metadata, priority, run_at,
+              created_at
   )
   SELECT o.job_id, o.run_lease, o.kind, o.args, o.attempt, o.max_attempts, o.deadline_at, o.secret,
-         o.metadata
+         o.metadata, greatest(o.run_at, o.created_at)
     FROM opened o ORDER BY o.priority, o.job_id;
   GET DIAGNOSTICS n = ROW_COUNT;
   IF claim_attempts.idle_mode IS NOT NULL AND claim_attempts.worker IS NOT NULL THEN
