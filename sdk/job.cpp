@@ -132,6 +132,18 @@ result<void> validate(const new_job& job) {
                                                std::to_string(k_max_metadata_size)};
     }
   }
+  if (job.unique_key) {
+    const std::string_view key = *job.unique_key;
+    if (key.empty()) return error{errc::invalid_argument, "unique_key is empty (leave it unset for no key)"};
+    if (key.size() > k_max_unique_key_size) {
+      return error{errc::invalid_argument, "unique_key has " + std::to_string(key.size()) + " bytes, more than " +
+                                               std::to_string(k_max_unique_key_size)};
+    }
+    if (!detail::is_storable_text(key)) {
+      return error{errc::invalid_argument, "unique_key is not valid UTF-8 or contains a NUL character"};
+    }
+    if (has_control_chars(key)) return error{errc::invalid_argument, "unique_key contains a control character"};
+  }
   return success();
 }
 

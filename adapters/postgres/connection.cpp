@@ -40,7 +40,9 @@ errc errc_from_sqlstate(std::string_view s) noexcept {
   if (s.starts_with("08") || s.starts_with("53") || s == "57P01" || s == "57P02" || s == "57P03" || s == "25006") {
     return errc::database_unavailable;
   }
-  if (s.starts_with("22") || s == "42704" || s == "23514") return errc::invalid_argument;
+  // 23505: a request that would break a unique rule tenure enforces (retry_job of a job whose
+  // unique key another live job holds).
+  if (s.starts_with("22") || s == "42704" || s == "23514" || s == "23505") return errc::invalid_argument;
   return errc::database_error;
 }
 

@@ -286,8 +286,8 @@ grant_list grants_of(grant_kind kind) {
       out.functions = {"complete_job(text, jsonb)"};
       break;
     case grant_kind::producer:
-      out.functions = {"enqueue(text, jsonb, text, int, timestamptz, int, jsonb)",
-                       "enqueue_batch(text[], jsonb[], text[], int[], timestamptz[], int[], jsonb[])"};
+      out.functions = {"enqueue(text, jsonb, text, int, timestamptz, int, jsonb, text)",
+                       "enqueue_batch(text[], jsonb[], text[], int[], timestamptz[], int[], jsonb[], text[])"};
       break;
     case grant_kind::callback:
       out.functions = {"resume_callback(uuid, jsonb)", "extend_callback(uuid, interval)",

@@ -26,9 +26,9 @@ struct statements {
       : enqueue{"tenure_enqueue",
                 "SELECT " + s + ".enqueue($1, $2::jsonb, $3, $4::int, $5::timestamptz, $6::int, $7::jsonb)"},
         enqueue_batch{"tenure_enqueue_batch",
-                      "SELECT job_id FROM " + s +
+                      "SELECT job_id, inserted FROM " + s +
                           ".enqueue_batch($1::text[], $2::jsonb[], $3::text[], $4::int[], "
-                          "$5::timestamptz[], $6::int[], $7::jsonb[]) ORDER BY ord"},
+                          "$5::timestamptz[], $6::int[], $7::jsonb[], $8::text[]) ORDER BY ord"},
         claim{"tenure_claim", "SELECT job_id, run_lease, kind, args::text, attempt, max_attempts, " +
                                   epoch_us("deadline_at") + ", encode(uuid_send(secret), 'hex'), metadata::text, " +
                                   epoch_us("available_at") + " FROM " + s +
@@ -58,7 +58,7 @@ struct statements {
         read_job{"tenure_read_job",
                  "SELECT id, queue, kind, args::text, state, priority, attempt, max_attempts, run_lease, " +
                      epoch_us("run_at") + ", " + epoch_us("created_at") + ", " + epoch_us("finalized_at") +
-                     ", last_error, progress::text, dead_lettered, metadata::text FROM " + s +
+                     ", last_error, progress::text, dead_lettered, metadata::text, unique_key FROM " + s +
                      ".jobs WHERE id = $1::bigint"},
         rescue{"tenure_rescue",
                "SELECT job_id, run_lease, queue, new_state FROM " + s + ".rescue_attempts($1::interval)"},
@@ -220,7 +220,13 @@ result<std::unique_ptr<store>> store::open(store_options options) {
   return std::unique_ptr<store>(new store(std::move(p)));
 }
 
-result<std::int64_t> store::enqueue(const new_job& job) {
+result<enqueue_result> store::try_enqueue(const new_job& job) {
+  // A keyed job goes through enqueue_batch, the call that says whether it inserted; a keyless
+  // one runs the one-job statement, which always inserts.
+  if (job.unique_key) {
+    TENURE_TRY(auto out, try_enqueue_batch(std::span<const new_job>(&job, 1)));
+    return out.front();
+  }
   TENURE_TRYV(validate(job));
   auto args = args_json(job.args);
   auto metadata = args_json(job.metadata);
@@ -230,13 +236,14 @@ result<std::int64_t> store::enqueue(const new_job& job) {
                             job.run_at ? param{detail::timestamp_text(*job.run_at)} : std::nullopt,
                             number(job.max_attempts), std::move(metadata)};
   TENURE_TRY(auto rows, impl_->run(impl_->st.enqueue, std::move(params), effect::write));
-  return rows.int64(0, 0);
+  return enqueue_result{.id = rows.int64(0, 0), .inserted = true};
 }
 
-result<std::vector<std::int64_t>> store::enqueue_batch(std::span<const new_job> jobs) {
-  if (jobs.empty()) return std::vector<std::int64_t>{};
-  std::vector<std::optional<std::string>> kinds, args, queues, run_ats, metadatas;
+result<std::vector<enqueue_result>> store::try_enqueue_batch(std::span<const new_job> jobs) {
+  if (jobs.empty()) return std::vector<enqueue_result>{};
+  std::vector<std::optional<std::string>> kinds, args, queues, run_ats, metadatas, keys;
   std::vector<std::int64_t> priorities, max_attempts;
+  bool keyed = false;
   for (const auto& j : jobs) {
     TENURE_TRYV(validate(j));
     kinds.emplace_back(j.kind);
@@ -247,18 +254,21 @@ result<std::vector<std::int64_t>> store::enqueue_batch(std::span<const new_job> 
     priorities.push_back(j.priority);
     max_attempts.push_back(j.max_attempts);
     run_ats.push_back(j.run_at ? std::optional{detail::timestamp_text(*j.run_at)} : std::nullopt);
+    keys.push_back(j.unique_key);
+    keyed = keyed || j.unique_key.has_value();
   }
   TENURE_TRY(auto rows, impl_->run(impl_->st.enqueue_batch,
                                    {detail::text_array(kinds), detail::text_array(args),
                                     detail::text_array(queues), detail::int_array(priorities),
                                     detail::text_array(run_ats), detail::int_array(max_attempts),
-                                    detail::text_array(metadatas)},
+                                    detail::text_array(metadatas),
+                                    keyed ? param{detail::text_array(keys)} : param{}},
                                    effect::write));
-  std::vector<std::int64_t> ids;
-  ids.reserve(static_cast<std::size_t>(rows.size()));
-  for (int i = 0; i < rows.size(); ++i) ids.push_back(rows.int64(i, 0));
-  if (ids.size() != jobs.size()) return errc::protocol_error;
-  return ids;
+  std::vector<enqueue_result> out;
+  out.reserve(static_cast<std::size_t>(rows.size()));
+  for (int i = 0; i < rows.size(); ++i) out.push_back({.id = rows.int64(i, 0), .inserted = rows.boolean(i, 1)});
+  if (out.size() != jobs.size()) return errc::protocol_error;
+  return out;
 }
 
 result<std::vector<claimed_attempt>> store::claim(std::string_view queue, int max_jobs,
@@ -491,6 +501,7 @@ result<job_info> store::read_job(std::int64_t job_id) {
   j.progress = rows.opt_text(0, 13);
   j.dead_lettered = rows.boolean(0, 14);
   j.metadata = rows.text(0, 15);
+  j.unique_key = rows.opt_text(0, 16);
   return j;
 }
 

@@ -42,7 +42,7 @@ using detail::store_state;
 template <class T>
 using opt = boost::optional<T>;  // SOCI 4.0 binds boost::optional as a nullable value
 
-constexpr int k_schema_version = 3;  // 2: receipts.secret; 3: metadata
+constexpr int k_schema_version = 4;  // 2: receipts.secret; 3: metadata; 4: job_keys
 constexpr int k_max_claim = 10000;           // tenure.claim's bound
 constexpr long long k_claim_promote_batch = 1000;  // what tenure.claim_attempts promotes
 constexpr long long k_promote_batch = 10000;        // what the port's promote_due moves
@@ -102,25 +102,35 @@ const std::vector<std::string>& schema_statements() {
       " run_lease INTEGER NOT NULL, run_at INTEGER NOT NULL, created_at INTEGER NOT NULL,"
       " finalized_at INTEGER NOT NULL, last_error TEXT, progress TEXT,"
       " metadata TEXT NOT NULL DEFAULT '{}')",
+      // Each keyed job's unique key. The job of (queue, unique_key) that is live holds it: this
+      // fake serializes its writers, so no lock table is needed.
+      "CREATE TABLE job_keys ("
+      " job_id INTEGER PRIMARY KEY, queue TEXT NOT NULL, unique_key TEXT NOT NULL)",
+      "CREATE INDEX job_keys_key_idx ON job_keys (queue, unique_key)",
       "CREATE VIEW jobs AS"
       " SELECT id, queue, kind, args, 'available' AS state, priority, attempt, max_attempts,"
       "        run_lease, run_at, created_at, NULL AS finalized_at, last_error, progress,"
-      "        0 AS dead_lettered, metadata FROM ready"
+      "        0 AS dead_lettered, metadata,"
+      "        (SELECT k.unique_key FROM job_keys k WHERE k.job_id = ready.id) AS unique_key FROM ready"
       " UNION ALL"
       " SELECT id, queue, kind, args, state, priority, attempt, max_attempts, run_lease, run_at,"
-      "        created_at, NULL, last_error, progress, 0, metadata FROM deferred"
+      "        created_at, NULL, last_error, progress, 0, metadata,"
+      "        (SELECT k.unique_key FROM job_keys k WHERE k.job_id = deferred.id) FROM deferred"
       " UNION ALL"
       " SELECT r.job_id, r.queue, r.kind, r.args, 'running', r.priority, r.attempt,"
       "        r.max_attempts, r.run_lease, r.run_at, r.created_at, NULL, r.last_error,"
-      "        coalesce(s.progress, r.progress), 0, r.metadata"
+      "        coalesce(s.progress, r.progress), 0, r.metadata,"
+      "        (SELECT k.unique_key FROM job_keys k WHERE k.job_id = r.job_id)"
       "   FROM receipts r LEFT JOIN attempt_state s"
       "     ON s.job_id = r.job_id AND s.run_lease = r.run_lease"
       " UNION ALL"
       " SELECT id, queue, kind, args, state, priority, attempt, max_attempts, run_lease, run_at,"
-      "        created_at, finalized_at, last_error, progress, 0, metadata FROM done"
+      "        created_at, finalized_at, last_error, progress, 0, metadata,"
+      "        (SELECT k.unique_key FROM job_keys k WHERE k.job_id = done.id) FROM done"
       " UNION ALL"
       " SELECT id, queue, kind, args, 'failed', priority, attempt, max_attempts, run_lease,"
-      "        run_at, created_at, finalized_at, last_error, progress, 1, metadata FROM dead_letter",
+      "        run_at, created_at, finalized_at, last_error, progress, 1, metadata,"
+      "        (SELECT k.unique_key FROM job_keys k WHERE k.job_id = dead_letter.id) FROM dead_letter",
       "PRAGMA user_version = " + std::to_string(k_schema_version),
   };
   return statements;
@@ -507,6 +517,17 @@ void insert_new(soci::session& s, std::int64_t id, const new_job& job, std::stri
   }
 }
 
+/// The live job (ready, deferred or receipts) of `queue` that holds `key`, if any.
+std::optional<std::int64_t> key_holder(soci::session& s, const std::string& queue, const std::string& key) {
+  opt<std::int64_t> holder;
+  s << "SELECT k.job_id FROM job_keys k WHERE k.queue = :queue AND k.unique_key = :key"
+       " AND (EXISTS (SELECT 1 FROM ready x WHERE x.id = k.job_id)"
+       "      OR EXISTS (SELECT 1 FROM deferred x WHERE x.id = k.job_id)"
+       "      OR EXISTS (SELECT 1 FROM receipts x WHERE x.job_id = k.job_id))",
+      soci::into(holder), soci::use(queue, "queue"), soci::use(key, "key");
+  return to_std(holder);
+}
+
 /// Reserves `n` consecutive job ids; returns the first.
 std::int64_t next_ids(soci::session& s, std::int64_t n) {
   std::int64_t last = 0;
@@ -528,6 +549,20 @@ std::map<attempt_id, std::optional<std::string>> distinct_attempts(std::span<con
     if (!inserted && !it->second && progress) it->second = progress;
   }
   return out;
+}
+
+/// tenure.enqueue_one: inserts `job` unless a live job of its queue holds its unique key.
+enqueue_result enqueue_one(soci::session& s, const new_job& job, std::string args, std::int64_t now) {
+  if (job.unique_key) {
+    if (auto holder = key_holder(s, job.queue, *job.unique_key)) return {.id = *holder, .inserted = false};
+  }
+  const std::int64_t id = next_ids(s, 1);
+  insert_new(s, id, job, std::move(args), now);
+  if (job.unique_key) {
+    s << "INSERT INTO job_keys (job_id, queue, unique_key) VALUES (:id, :queue, :key)", soci::use(id, "id"),
+        soci::use(job.queue, "queue"), soci::use(*job.unique_key, "key");
+  }
+  return {.id = id, .inserted = true};
 }
 
 /// cancel_attempt's body (also the running branch of cancel_job). false when stale.
@@ -604,36 +639,41 @@ result<void> store::configure_queue(std::string_view queue_name,
 
 // ---- producers ------------------------------------------------------------------------------
 
-result<std::int64_t> store::enqueue(const new_job& job) {
+result<enqueue_result> store::try_enqueue(const new_job& job) {
   TENURE_TRYV(validate(job));
   TENURE_TRY(auto args, args_text(job));
-  return transact<std::int64_t>(*state_, tx_mode::write, [&](soci::session& s, std::int64_t now) {
-    const std::int64_t id = next_ids(s, 1);
-    insert_new(s, id, job, std::move(args), now);
-    return result<std::int64_t>(id);
+  return transact<enqueue_result>(*state_, tx_mode::write, [&](soci::session& s, std::int64_t now) {
+    return result<enqueue_result>(enqueue_one(s, job, std::move(args), now));
   });
 }
 
-result<std::vector<std::int64_t>> store::enqueue_batch(std::span<const new_job> jobs) {
+result<std::vector<enqueue_result>> store::try_enqueue_batch(std::span<const new_job> jobs) {
   // All or nothing: every job is checked before anything is written.
   std::vector<std::string> args;
   args.reserve(jobs.size());
+  bool keyed = false;
   for (const auto& job : jobs) {
     TENURE_TRYV(validate(job));
     TENURE_TRY(auto text, args_text(job));
     args.push_back(std::move(text));
+    keyed = keyed || job.unique_key.has_value();
   }
-  return transact<std::vector<std::int64_t>>(
-      *state_, tx_mode::write, [&](soci::session& s, std::int64_t now) {
-        std::vector<std::int64_t> ids;
-        if (jobs.empty()) return result<std::vector<std::int64_t>>(ids);
-        const std::int64_t first = next_ids(s, static_cast<std::int64_t>(jobs.size()));
-        for (std::size_t i = 0; i < jobs.size(); ++i) {
-          ids.push_back(first + static_cast<std::int64_t>(i));
-          insert_new(s, ids.back(), jobs[i], std::move(args[i]), now);
-        }
-        return result<std::vector<std::int64_t>>(std::move(ids));
-      });
+  using out_t = std::vector<enqueue_result>;
+  return transact<out_t>(*state_, tx_mode::write, [&](soci::session& s, std::int64_t now) {
+    out_t out;
+    if (jobs.empty()) return result<out_t>(out);
+    if (keyed) {
+      // One job at a time, in input order: a key repeated in the batch finds its first job.
+      for (std::size_t i = 0; i < jobs.size(); ++i) out.push_back(enqueue_one(s, jobs[i], std::move(args[i]), now));
+      return result<out_t>(std::move(out));
+    }
+    const std::int64_t first = next_ids(s, static_cast<std::int64_t>(jobs.size()));
+    for (std::size_t i = 0; i < jobs.size(); ++i) {
+      out.push_back({.id = first + static_cast<std::int64_t>(i), .inserted = true});
+      insert_new(s, out.back().id, jobs[i], std::move(args[i]), now);
+    }
+    return result<out_t>(std::move(out));
+  });
 }
 
 // ---- workers --------------------------------------------------------------------------------
@@ -846,6 +886,19 @@ result<bool> store::cancel_job(std::int64_t job_id) {
 
 result<bool> store::retry_job(std::int64_t job_id) {
   return transact<bool>(*state_, tx_mode::write, [&](soci::session& s, std::int64_t now) {
+    // A keyed job is refused while another live job of its queue holds its key.
+    opt<std::string> queue, key;
+    s << "SELECT queue, unique_key FROM job_keys WHERE job_id = :id", soci::into(queue), soci::into(key),
+        soci::use(job_id);
+    if (queue && key) {
+      if (auto holder = key_holder(s, *queue, *key); holder && *holder != job_id) {
+        return result<bool>(error{errc::invalid_argument, "job " + std::to_string(job_id) +
+                                                              " cannot be retried: its unique_key " + *key +
+                                                              " is held by live job " + std::to_string(*holder) +
+                                                              " of queue " + *queue,
+                                  "23505"});
+      }
+    }
     for (table t : {table::done, table::dead_letter}) {
       if (auto r = take(s, t, job_id)) {
         r->attempt = 0;  // a fresh budget; the run lease is kept and the next claim advances it
@@ -865,16 +918,17 @@ result<job_info> store::read_job(std::int64_t job_id) {
     std::string state;
     std::int64_t run_at = 0, created_at = 0;
     opt<std::int64_t> finalized_at;
-    opt<std::string> last_error, progress;
+    opt<std::string> last_error, progress, unique_key;
     int dead_lettered = 0;
     s << "SELECT id, queue, kind, args, state, priority, attempt, max_attempts, run_lease,"
-         " run_at, created_at, finalized_at, last_error, progress, dead_lettered, metadata"
+         " run_at, created_at, finalized_at, last_error, progress, dead_lettered, metadata, unique_key"
          " FROM jobs WHERE id = :id",
         soci::into(info.id), soci::into(info.queue), soci::into(info.kind), soci::into(info.args),
         soci::into(state), soci::into(info.priority), soci::into(info.attempt),
         soci::into(info.max_attempts), soci::into(info.run_lease), soci::into(run_at),
         soci::into(created_at), soci::into(finalized_at), soci::into(last_error),
-        soci::into(progress), soci::into(dead_lettered), soci::into(info.metadata), soci::use(job_id);
+        soci::into(progress), soci::into(dead_lettered), soci::into(info.metadata), soci::into(unique_key),
+        soci::use(job_id);
     if (!s.got_data()) return result<job_info>(errc::job_not_found);
     const auto parsed = parse_job_state(state);
     if (!parsed) return result<job_info>(errc::database_error);  // not a state of the view
@@ -885,6 +939,7 @@ result<job_info> store::read_job(std::int64_t job_id) {
     info.last_error = to_std(last_error);
     info.progress = to_std(progress);
     info.dead_lettered = dead_lettered != 0;
+    info.unique_key = to_std(unique_key);
     return result<job_info>(std::move(info));
   });
 }

@@ -95,6 +95,14 @@ result<T> faulty_store::call(op o, Forward&& forward) {
   return r;
 }
 
+result<enqueue_result> faulty_store::try_enqueue(const new_job& job) {
+  return call<enqueue_result>(op::enqueue, [&] { return inner_.try_enqueue(job); });
+}
+
+result<std::vector<enqueue_result>> faulty_store::try_enqueue_batch(std::span<const new_job> jobs) {
+  return call<std::vector<enqueue_result>>(op::enqueue_batch, [&] { return inner_.try_enqueue_batch(jobs); });
+}
+
 result<std::int64_t> faulty_store::enqueue(const new_job& job) {
   return call<std::int64_t>(op::enqueue, [&] { return inner_.enqueue(job); });
 }

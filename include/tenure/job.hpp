@@ -46,6 +46,8 @@ inline constexpr std::size_t k_max_queue_size = 128;
 /// Most bytes a job's metadata may take as JSON text, as PostgreSQL prints it (`metadata::text`:
 /// a space after each `:` and `,` of the compact form).
 inline constexpr std::size_t k_max_metadata_size = 8192;
+/// Most bytes a job's unique key may take.
+inline constexpr std::size_t k_max_unique_key_size = 255;
 
 /// A job to enqueue. Validate with `validate()`; every enqueue path does.
 struct new_job {
@@ -60,6 +62,20 @@ struct new_job {
   /// at most k_max_metadata_size bytes (JSON null is stored as `{}`). Handlers and middleware read
   /// it from job_context::metadata(); tenure itself never looks inside.
   nlohmann::json metadata = nlohmann::json::object();
+  /// At most one live job (scheduled, available, running, waiting_external, retryable) of the
+  /// queue holds a key: while one does, enqueueing another job with the key inserts nothing and
+  /// answers the holder's id (try_enqueue says which happened). Once the holder is completed,
+  /// failed or cancelled, the next enqueue with the key inserts a new job. 1..k_max_unique_key_size
+  /// bytes of valid UTF-8 without control characters; unset (the default): no key.
+  std::optional<std::string> unique_key;
+};
+
+/// What an enqueue did, as std::map::try_emplace tells it: the id of the job inserted, or, when
+/// the job's unique key is held by a live job of its queue, that job's id and `inserted` false.
+struct enqueue_result {
+  std::int64_t id = 0;
+  bool inserted = true;
+  friend bool operator==(const enqueue_result&, const enqueue_result&) = default;
 };
 
 /// errc::invalid_argument, naming the field and what is wrong with it as the error's detail (e.g.
@@ -69,7 +85,8 @@ struct new_job {
 /// JSON null args are stored as `{}`), or args that hold a NUL character or invalid UTF-8 in a
 /// string or key (jsonb cannot store them); metadata that is not a JSON object (null is stored
 /// as `{}`), is longer than k_max_metadata_size, or holds what jsonb cannot store (the detail
-/// starts with "metadata"). run_at needs no check: a time_point cannot name a
+/// starts with "metadata"); a unique_key that is empty, longer than k_max_unique_key_size bytes,
+/// not valid UTF-8 or holds a control character (the detail starts with "unique_key"). run_at needs no check: a time_point cannot name a
 /// time past 2262-04-11, the last one the SQL enqueue functions accept.
 result<void> validate(const new_job& job);
 
@@ -111,6 +128,7 @@ struct job_info {
   std::optional<std::string> last_error;
   std::optional<std::string> progress;  ///< JSON text
   bool dead_lettered = false;
+  std::optional<std::string> unique_key;  ///< the key the job was enqueued with, if any
 };
 
 }  // namespace tenure

@@ -37,6 +37,17 @@ result<std::int64_t> enqueue(PGconn* conn, const new_job& job, const sql_options
 result<std::vector<std::int64_t>> enqueue_batch(PGconn* conn, std::span<const new_job> jobs,
                                                 const sql_options& options = {});
 
+/// As enqueue(), telling whether the job was inserted: with a unique_key held by a live job of
+/// its queue, nothing is inserted and the answer is that job's id with `inserted` false.
+/// Concurrent producers of one key, each in its own transaction, get one job: a producer waits
+/// for an uncommitted holder's transaction to end (see README, "Unique jobs", for REPEATABLE READ and SERIALIZABLE).
+result<enqueue_result> try_enqueue(PGconn* conn, const new_job& job, const sql_options& options = {});
+
+/// As enqueue_batch(), telling for each job whether it was inserted (a key repeated within the
+/// batch: the later jobs answer the first one's id, not inserted).
+result<std::vector<enqueue_result>> try_enqueue_batch(PGconn* conn, std::span<const new_job> jobs,
+                                                      const sql_options& options = {});
+
 /// Completes the attempt named by `token` on `conn`, which must be inside a transaction the
 /// caller opened with BEGIN (errc::protocol_error otherwise: an autocommit completion would
 /// commit apart from the business writes; likewise for an aborted transaction or a busy

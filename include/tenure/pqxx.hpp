@@ -33,6 +33,17 @@ result<std::int64_t> enqueue(pqxx::transaction_base& tx, const new_job& job, con
 result<std::vector<std::int64_t>> enqueue_batch(pqxx::transaction_base& tx, std::span<const new_job> jobs,
                                                 const sql_options& options = {});
 
+/// As enqueue(), telling whether the job was inserted: with a unique_key held by a live job of
+/// its queue, nothing is inserted and the answer is that job's id with `inserted` false.
+/// Concurrent producers of one key, each in its own transaction, get one job: a producer waits
+/// for an uncommitted holder's transaction to end (see README, "Unique jobs").
+result<enqueue_result> try_enqueue(pqxx::transaction_base& tx, const new_job& job, const sql_options& options = {});
+
+/// As enqueue_batch(), telling for each job whether it was inserted (a key repeated within the
+/// batch: the later jobs answer the first one's id, not inserted).
+result<std::vector<enqueue_result>> try_enqueue_batch(pqxx::transaction_base& tx, std::span<const new_job> jobs,
+                                                      const sql_options& options = {});
+
 /// Completes the attempt named by `token` inside `tx` (a pqxx::work or another real pqxx
 /// transaction; a pqxx::nontransaction autocommits, so it is refused with errc::protocol_error).
 /// errc::stale_attempt when the attempt is no longer live (TN001: the transaction

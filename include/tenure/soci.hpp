@@ -43,6 +43,17 @@ result<std::int64_t> enqueue(soci::session& session, const new_job& job, const s
 result<std::vector<std::int64_t>> enqueue_batch(soci::session& session, std::span<const new_job> jobs,
                                                 const sql_options& options = {});
 
+/// As enqueue(), telling whether the job was inserted: with a unique_key held by a live job of
+/// its queue, nothing is inserted and the answer is that job's id with `inserted` false.
+/// Concurrent producers of one key, each in its own transaction, get one job: a producer waits
+/// for an uncommitted holder's transaction to end (see README, "Unique jobs").
+result<enqueue_result> try_enqueue(soci::session& session, const new_job& job, const sql_options& options = {});
+
+/// As enqueue_batch(), telling for each job whether it was inserted (a key repeated within the
+/// batch: the later jobs answer the first one's id, not inserted).
+result<std::vector<enqueue_result>> try_enqueue_batch(soci::session& session, std::span<const new_job> jobs,
+                                                      const sql_options& options = {});
+
 /// Completes the attempt named by `token` through `session`, inside the transaction the caller
 /// opened on it (a soci::transaction, or BEGIN): errc::protocol_error when none is open (an
 /// autocommit completion would commit apart from the business writes). errc::stale_attempt when

@@ -114,11 +114,30 @@ class storage_port {
   virtual ~storage_port() = default;
 
   // ---- producers --------------------------------------------------------------------------
-  /// Enqueues one job in its own transaction. errc::invalid_argument for a bad job.
-  virtual result<std::int64_t> enqueue(const new_job& job) = 0;
-  /// Enqueues many jobs in one transaction and one set-based statement; ids in input order.
-  /// All or nothing: one invalid job rejects the batch with errc::invalid_argument.
-  virtual result<std::vector<std::int64_t>> enqueue_batch(std::span<const new_job> jobs) = 0;
+  /// Enqueues one job in its own transaction, honouring its unique_key: while a live job of the
+  /// queue holds the key, nothing is inserted and the answer is that job's id with `inserted`
+  /// false. Concurrent callers with one key get one job. errc::invalid_argument for a bad job.
+  virtual result<enqueue_result> try_enqueue(const new_job& job) = 0;
+  /// Enqueues many jobs in one transaction, in input order; keyless batches in one set-based
+  /// statement. A job whose key is held (by a live job, or by an earlier job of the batch)
+  /// answers the holder's id, not inserted. All or nothing: one invalid job rejects the batch
+  /// with errc::invalid_argument.
+  virtual result<std::vector<enqueue_result>> try_enqueue_batch(std::span<const new_job> jobs) = 0;
+  /// try_enqueue, answering only the id (the new job's or the key's holder's).
+  virtual result<std::int64_t> enqueue(const new_job& job) {
+    auto r = try_enqueue(job);
+    if (!r) return r.error();
+    return r.value().id;
+  }
+  /// try_enqueue_batch, answering only the ids.
+  virtual result<std::vector<std::int64_t>> enqueue_batch(std::span<const new_job> jobs) {
+    auto r = try_enqueue_batch(jobs);
+    if (!r) return r.error();
+    std::vector<std::int64_t> ids;
+    ids.reserve(r.value().size());
+    for (const auto& e : r.value()) ids.push_back(e.id);
+    return ids;
+  }
 
   // ---- workers ----------------------------------------------------------------------------
   /// Claims up to `max_jobs` available jobs of `queue` (priority, then FIFO), advancing each

@@ -1,4 +1,4 @@
-// The README's transactional-enqueue snippets for the libpq and libpqxx bridges, compiled with the
+// The README's enqueue snippets (the libpq and libpqxx bridges, unique jobs), compiled with the
 // samples (never run): scripts/readme-snippets keeps each README block identical to its
 // [snippet:NAME] region here.
 #include <cstdint>
@@ -9,7 +9,9 @@
 #include <pqxx/pqxx>
 
 #include "tenure/libpq.hpp"
+#include "tenure/log.hpp"
 #include "tenure/pqxx.hpp"
+#include "tenure/storage_port.hpp"
 
 namespace snippets {
 
@@ -38,6 +40,14 @@ tenure::result<std::vector<std::int64_t>> enqueue_with_pqxx(pqxx::connection& co
   if (ids) tx.commit();  // otherwise tx aborts when it goes out of scope
   // [/snippet:enqueue_pqxx]
   return ids;
+}
+
+void enqueue_unique(tenure::storage_port& store) {
+  // [snippet:enqueue_unique]
+  // At most one live job per key and queue: a second sync while one is pending enqueues nothing.
+  auto r = store.try_enqueue({.kind = "sync_account", .args = {{"account", 42}}, .unique_key = "account:42"});
+  if (r && !r.value().inserted) tenure::logger()->info("account 42 already has sync job {}", r.value().id);
+  // [/snippet:enqueue_unique]
 }
 
 }  // namespace snippets

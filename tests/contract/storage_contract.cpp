@@ -1353,4 +1353,124 @@ TEST_P(storage_contract, queue_depths_count_each_unfinished_state_per_queue) {
                              [](const queue_depth& x, const queue_depth& y) { return x.queue < y.queue; }));
 }
 
+// ---- unique keys --------------------------------------------------------------------------------
+
+namespace {
+new_job keyed(std::string key, std::string queue = "default") {
+  new_job j;
+  j.kind = "k";
+  j.queue = std::move(queue);
+  j.unique_key = std::move(key);
+  return j;
+}
+}  // namespace
+
+TEST_P(storage_contract, a_live_job_holds_its_unique_key_and_enqueue_answers_it_without_inserting) {
+  const auto first = must(db().try_enqueue(keyed("order-1")));
+  EXPECT_TRUE(first.inserted);
+  EXPECT_EQ(must(db().try_enqueue(keyed("order-1"))), (enqueue_result{first.id, false}));
+  EXPECT_EQ(must(db().enqueue(keyed("order-1"))), first.id) << "enqueue answers the holder's id too";
+  const auto other_queue = must(db().try_enqueue(keyed("order-1", "other")));
+  EXPECT_TRUE(other_queue.inserted) << "keys are per queue";
+  EXPECT_NE(other_queue.id, first.id);
+  const auto keyless = must(db().try_enqueue(make_job()));
+  EXPECT_TRUE(keyless.inserted);
+  EXPECT_EQ(read(first.id).unique_key, std::optional<std::string>{"order-1"});
+  EXPECT_EQ(read(keyless.id).unique_key, std::nullopt);
+}
+
+TEST_P(storage_contract, a_scheduled_running_or_retryable_job_holds_its_key_and_a_finished_one_frees_it) {
+  new_job later = keyed("s");
+  later.run_at = be().now() + 1h;
+  const auto scheduled = must(db().try_enqueue(later));
+  EXPECT_EQ(read(scheduled.id).state, job_state::scheduled);
+  EXPECT_FALSE(must(db().try_enqueue(keyed("s"))).inserted);
+
+  const auto job = must(db().try_enqueue(keyed("r", "q")));
+  auto c = claim_one("q");
+  EXPECT_EQ(must(db().try_enqueue(keyed("r", "q"))), (enqueue_result{job.id, false})) << "running";
+  ASSERT_EQ(must(db().fail(c.attempt, "boom", fail_disposition::retry, std::chrono::hours{1})), job_state::retryable);
+  EXPECT_EQ(must(db().try_enqueue(keyed("r", "q"))), (enqueue_result{job.id, false})) << "retryable";
+  ASSERT_TRUE(must(db().cancel_job(job.id)));
+  const auto after_cancel = must(db().try_enqueue(keyed("r", "q")));
+  EXPECT_TRUE(after_cancel.inserted) << "cancelled";
+
+  c = claim_one("q");
+  ASSERT_EQ(c.attempt.job_id, after_cancel.id);
+  ASSERT_TRUE(complete(c.attempt));
+  const auto after_complete = must(db().try_enqueue(keyed("r", "q")));
+  EXPECT_TRUE(after_complete.inserted) << "completed";
+
+  c = claim_one("q");
+  ASSERT_EQ(must(db().fail(c.attempt, "no", fail_disposition::permanent)), job_state::failed);
+  EXPECT_TRUE(must(db().try_enqueue(keyed("r", "q"))).inserted) << "failed";
+}
+
+TEST_P(storage_contract, a_batch_answers_held_keys_with_their_holders_and_a_repeated_key_with_its_first_job) {
+  const auto held = must(db().try_enqueue(keyed("a")));
+  const std::vector<new_job> jobs{keyed("a"), keyed("b"), make_job(), keyed("b"), keyed("b", "other")};
+  const auto out = must(db().try_enqueue_batch(jobs));
+  ASSERT_THAT(out, SizeIs(5));
+  EXPECT_EQ(out[0], (enqueue_result{held.id, false}));
+  EXPECT_TRUE(out[1].inserted);
+  EXPECT_TRUE(out[2].inserted);
+  EXPECT_EQ(out[3], (enqueue_result{out[1].id, false}));
+  EXPECT_TRUE(out[4].inserted);
+  EXPECT_EQ(std::set<std::int64_t>({held.id, out[1].id, out[2].id, out[4].id}).size(), 4u);
+  EXPECT_EQ(must(db().enqueue_batch(std::vector{keyed("a"), keyed("b")})), (std::vector<std::int64_t>{held.id, out[1].id}))
+      << "enqueue_batch answers the holders' ids";
+}
+
+TEST_P(storage_contract, a_unique_key_that_is_empty_too_long_or_has_control_characters_is_refused) {
+  for (const std::string& key : {std::string{}, std::string(k_max_unique_key_size + 1, 'x'), std::string{"a\tb"},
+                                 std::string{"\xff"}}) {
+    const auto one = db().try_enqueue(keyed(key));
+    EXPECT_TRUE(fails_with(one, errc::invalid_argument)) << key.size();
+    if (!one) EXPECT_THAT(one.error().detail(), StartsWith("unique_key"));
+    EXPECT_TRUE(fails_with(db().try_enqueue_batch(std::vector{keyed("fine"), keyed(key)}), errc::invalid_argument));
+  }
+  EXPECT_TRUE(must(db().try_enqueue(keyed(std::string(k_max_unique_key_size, 'x')))).inserted);
+  EXPECT_TRUE(must(db().try_enqueue(keyed("fine"))).inserted) << "the refused batches wrote nothing";
+}
+
+TEST_P(storage_contract, retry_job_of_a_finished_keyed_job_is_refused_while_another_live_job_holds_its_key) {
+  const auto first = must(db().try_enqueue(keyed("again")));
+  ASSERT_TRUE(must(db().cancel_job(first.id)));
+  EXPECT_TRUE(must(db().retry_job(first.id)));
+  EXPECT_EQ(must(db().try_enqueue(keyed("again"))), (enqueue_result{first.id, false})) << "holds it again";
+  ASSERT_TRUE(must(db().cancel_job(first.id)));
+  const auto second = must(db().try_enqueue(keyed("again")));
+  ASSERT_TRUE(second.inserted);
+  EXPECT_TRUE(fails_with(db().retry_job(first.id), errc::invalid_argument));
+  EXPECT_EQ(read(first.id).state, job_state::cancelled);
+}
+
+TEST_P(storage_contract, concurrent_producers_of_one_key_get_one_job) {
+  constexpr int k_threads = 6;
+  std::vector<std::unique_ptr<storage_port>> connections;
+  for (int t = 0; t < k_threads; ++t) connections.push_back(be().another_connection());
+  std::mutex mu;
+  std::vector<enqueue_result> got;
+  std::vector<std::string> errors;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < k_threads; ++t) {
+    threads.emplace_back([&, t] {
+      auto r = retry_transient([&] { return connections[static_cast<std::size_t>(t)]->try_enqueue(keyed("race")); });
+      std::lock_guard lock(mu);
+      if (r) {
+        got.push_back(r.value());
+      } else {
+        errors.push_back(r.error().message());
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  connections.clear();
+  EXPECT_THAT(errors, IsEmpty());
+  ASSERT_THAT(got, SizeIs(k_threads));
+  EXPECT_EQ(std::count_if(got.begin(), got.end(), [](const enqueue_result& r) { return r.inserted; }), 1);
+  for (const auto& r : got) EXPECT_EQ(r.id, got.front().id);
+  EXPECT_THAT(claim(), SizeIs(1));
+}
+
 }  // namespace tenure::contract

@@ -108,6 +108,9 @@ inline void PrintTo(const attempt_id& a, std::ostream* os) {
   *os << "(job " << a.job_id << ", lease " << a.run_lease << ")";
 }
 inline void PrintTo(job_state s, std::ostream* os) { *os << to_string(s); }
+inline void PrintTo(const enqueue_result& r, std::ostream* os) {
+  *os << "(id " << r.id << (r.inserted ? ", inserted)" : ", not inserted)");
+}
 }  // namespace tenure
 namespace tenure {
 inline void PrintTo(attempt_evidence e, std::ostream* os) {

@@ -15,6 +15,7 @@ import re
 import secrets
 import subprocess
 import sys
+import threading
 import time
 import unittest
 from datetime import timedelta
@@ -224,6 +225,39 @@ class SqlContract(unittest.TestCase):
         kinds_now = self.admin.execute(self.q("SELECT count(*) AS n FROM {t}.jobs WHERE queue = %s"),
                                        (self.queue,)).fetchone()["n"]
         self.assertEqual(kinds_now, 3, "the refused batch added nothing")
+
+    def test_two_transactions_enqueueing_one_unique_key_make_one_job_and_a_new_one_after_completion(self):
+        first = self.install.connect("producer", autocommit=False)
+        second = self.install.connect("producer", autocommit=False)
+        try:
+            held = self.enqueue(first, "send_receipt", {"order": "U-1"}, unique_key="order:U-1")
+            answered = []
+            waiter = threading.Thread(target=lambda: answered.append(
+                self.enqueue(second, "send_receipt", {"order": "U-1"}, unique_key="order:U-1")))
+            waiter.start()
+            time.sleep(0.1)  # the second transaction now waits for the first's key
+            self.assertEqual(answered, [], "the second producer waits for the first transaction")
+            first.commit()
+            waiter.join(10)
+            second.commit()
+            self.assertEqual(answered, [held], "the second transaction got the holder's id")
+        finally:
+            first.close()
+            second.close()
+        rows = self.admin.execute(self.q("SELECT id, unique_key FROM {t}.jobs WHERE queue = %s"),
+                                  (self.queue,)).fetchall()
+        self.assertEqual(rows, [{"id": held, "unique_key": "order:U-1"}])
+        [c] = self.claim()
+        self.assertEqual(self.enqueue(self.producer, "send_receipt", unique_key="order:U-1"), held, "running: held")
+        self.complete(self.worker, c["token"])
+        renewed = self.enqueue(self.producer, "send_receipt", unique_key="order:U-1")
+        self.assertNotEqual(renewed, held, "a completed job frees its key")
+        rows = self.producer.execute(
+            self.q("SELECT job_id, inserted FROM {t}.enqueue_batch(%s::text[], %s::jsonb[], %s::text[], %s::int[], "
+                   "unique_keys => %s::text[]) ORDER BY ord"),
+            (["a", "b"], [Jsonb({}), Jsonb({})], [self.queue] * 2, [2, 2], ["order:U-1", "order:U-2"])).fetchall()
+        self.assertEqual(rows[0], {"job_id": renewed, "inserted": False})
+        self.assertTrue(rows[1]["inserted"])
 
     def test_bad_enqueue_input_raises_22023_with_a_message_naming_the_field(self):
         cases = [

@@ -353,6 +353,36 @@ TEST_F(cli_pg, bad_metadata_is_one_line_naming_the_option_and_writes_nothing) {
   EXPECT_EQ(status()["total"]["total"], 0);
 }
 
+TEST_F(cli_pg, enqueue_with_a_unique_key_prints_the_live_holders_id_and_says_whether_it_inserted) {
+  migrate();
+  auto first = tenure({"enqueue", "k", "--unique-key", "order-9"});
+  ASSERT_EQ(first.exit_code, 0) << first;
+  const auto id = std::stoll(first.out);
+  EXPECT_EQ(first.err, "enqueued job " + std::to_string(id) + " holding unique key 'order-9' in queue default\n");
+  auto again = tenure({"enqueue", "k", "--unique-key", "order-9"});
+  ASSERT_EQ(again.exit_code, 0) << again;
+  EXPECT_EQ(again.out, std::to_string(id) + "\n") << "only the id on stdout, whoever holds the key";
+  EXPECT_EQ(again.err, "not enqueued: live job " + std::to_string(id) + " holds unique key 'order-9' in queue default\n");
+  EXPECT_NE(enqueue({"k", "--unique-key", "order-9", "--queue", "other"}), id);
+
+  EXPECT_EQ(show(id)["unique_key"], "order-9");
+  EXPECT_EQ(show(enqueue({"k"}))["unique_key"], nullptr);
+  const auto text = tenure({"job", "show", std::to_string(id)});
+  expect_success(text);
+  EXPECT_NE(text.out.find("\n  unique key    order-9\n"), std::string::npos) << text;
+
+  ASSERT_EQ(tenure({"job", "cancel", std::to_string(id)}).exit_code, 0);
+  const auto after = tenure({"enqueue", "k", "--unique-key", "order-9"});
+  ASSERT_EQ(after.exit_code, 0) << after;
+  EXPECT_NE(std::stoll(after.out), id) << "a cancelled job frees its key";
+  EXPECT_NE(after.err.find("enqueued job"), std::string::npos) << after;
+
+  expect_one_error_line(tenure({"enqueue", "k", "--unique-key", ""}), 1, "--unique-key is empty");
+  expect_one_error_line(tenure({"enqueue", "k", "--unique-key", std::string(256, 'x')}), 1,
+                        "--unique-key has 256 bytes, more than 255");
+  expect_one_error_line(tenure({"enqueue", "k", "--unique-key", "a\tb"}), 1, "--unique-key contains a control character");
+}
+
 TEST_F(cli_pg, numbers_the_command_line_cannot_hold_exactly_are_refused_never_rounded_or_clamped) {
   migrate();
   // NaN would have dropped the delay (the job ran at once); hex read as seconds.
@@ -791,7 +821,7 @@ TEST_F(cli_pg, grant_finalizer_gives_complete_job_and_nothing_else) {
   EXPECT_FALSE(has("has_table_privilege('" + role + "', '" + schema_ + ".ready', 'SELECT')"));
   EXPECT_FALSE(has("has_table_privilege('" + role + "', '" + schema_ + ".jobs', 'SELECT')"));
   EXPECT_FALSE(has("has_function_privilege('" + role + "', '" + schema_ +
-                   ".enqueue(text,jsonb,text,int,timestamptz,int,jsonb)', 'EXECUTE')"));
+                   ".enqueue(text,jsonb,text,int,timestamptz,int,jsonb,text)', 'EXECUTE')"));
 }
 
 TEST_F(cli_pg, grant_worker_and_producer_succeed) {
@@ -800,7 +830,7 @@ TEST_F(cli_pg, grant_worker_and_producer_succeed) {
   expect_success(tenure({"grant-worker", role}));
   expect_success(tenure({"grant-producer", role}));
   EXPECT_EQ(db_->exec("SELECT has_function_privilege('" + role + "', '" + schema_ +
-                      ".enqueue(text,jsonb,text,int,timestamptz,int,jsonb)', 'EXECUTE')"),
+                      ".enqueue(text,jsonb,text,int,timestamptz,int,jsonb,text)', 'EXECUTE')"),
             "t");
   EXPECT_EQ(db_->exec("SELECT has_table_privilege('" + role + "', '" + schema_ + ".jobs', 'SELECT')"), "t");
 }

@@ -194,6 +194,7 @@ ordered_json job_fields(const job_info& j) {
   out["progress"] = j.progress ? json_value(*j.progress) : nullptr;
   out["dead_lettered"] = j.dead_lettered;
   out["metadata"] = nullptr;  // replaced by the text the database holds, as args
+  out["unique_key"] = j.unique_key ? ordered_json(*j.unique_key) : nullptr;
   return out;
 }
 

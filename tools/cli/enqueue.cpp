@@ -1,5 +1,5 @@
 // tenure enqueue KIND [--args JSON] [--queue Q] [--priority N] [--run-at TIME | --delay SECONDS]
-//                     [--max-attempts N] [--metadata JSON]
+//                     [--max-attempts N] [--metadata JSON] [--unique-key K]
 #include <chrono>
 #include <cmath>
 #include <iostream>
@@ -27,6 +27,7 @@ struct enqueue_options {
   double delay_seconds = -1;  ///< < 0: not given
   int max_attempts = k_default_max_attempts;
   std::string metadata = "{}";
+  std::optional<std::string> unique_key;
 };
 
 /// Parses --args or --metadata (`option`): a JSON object; a command_error naming the parse
@@ -75,17 +76,27 @@ int run_enqueue(const context& ctx, const enqueue_options& o) {
   job.priority = o.priority;
   job.run_at = run_at_of(o);
   job.max_attempts = o.max_attempts;
+  job.unique_key = o.unique_key;
   if (auto valid = validate(job); !valid) {
     if (valid.error().detail().starts_with("metadata")) throw command_error("--" + valid.error().detail());
+    if (valid.error().detail().starts_with("unique_key")) {
+      throw command_error("--unique-key" + valid.error().detail().substr(std::string_view{"unique_key"}.size()));
+    }
     throw command_error("invalid job: KIND must be 1.." + std::to_string(k_max_kind_size) +
                         " characters and --queue 1.." + std::to_string(k_max_queue_size) +
                         ", without control characters");
   }
 
   auto store = open_store(ctx);
-  auto id = store->enqueue(job);
-  if (!id) throw adapter_error("cannot enqueue the job", id.error());
-  std::cout << id.value() << '\n';  // only the id: `id=$(tenure enqueue ...)` must just work
+  auto done = store->try_enqueue(job);
+  if (!done) throw adapter_error("cannot enqueue the job", done.error());
+  // Only the id on stdout: `id=$(tenure enqueue ...)` must just work, whoever holds the key.
+  std::cout << done.value().id << '\n';
+  if (job.unique_key) {
+    std::cerr << (done.value().inserted ? "enqueued job " : "not enqueued: live job ") << done.value().id
+              << (done.value().inserted ? " holding unique key '" : " holds unique key '") << *job.unique_key
+              << "' in queue " << job.queue << '\n';
+  }
   return k_exit_ok;
 }
 
@@ -123,6 +134,10 @@ void register_enqueue(CLI::App& app, context& ctx) {
   cmd->add_option("--metadata", o->metadata,
                   "Job metadata as a JSON object, e.g. a W3C trace context: {\"traceparent\": \"00-...\"}")
       ->capture_default_str();
+  cmd->add_option("--unique-key", o->unique_key,
+                  "At most one live job of the queue holds key K: while one does, print its id and enqueue "
+                  "nothing (stderr says which happened)")
+      ->type_name("K");
   cmd->callback([&ctx, o] { ctx.run = [&ctx, o] { return run_enqueue(ctx, *o); }; });
 }
 

@@ -53,6 +53,7 @@ void print_text(const job_info& j) {
   field("progress", j.progress.value_or(none));
   field("dead-lettered", j.dead_lettered ? "yes" : "no");
   field("metadata", j.metadata);
+  field("unique key", j.unique_key.value_or(none));
 }
 
 int run_show(const context& ctx, std::int64_t id, bool json) {

@@ -226,6 +226,7 @@ std::string render_job(const job_info& j, const cli::admin::attempt_info& attemp
   field("State", "state", std::string{to_string(j.state)} + (j.dead_lettered ? " (dead-lettered)" : ""));
   field("Args", "args", j.args, true);
   field("Metadata", "metadata", j.metadata, true);
+  field("Unique key", "unique_key", j.unique_key.value_or(none));
   field("Attempt", "attempt", std::to_string(j.attempt) + " of " + std::to_string(j.max_attempts));
   field("Run lease", "run_lease", std::to_string(j.run_lease));
   field("Priority", "priority", std::to_string(j.priority));

@@ -3,7 +3,8 @@
 /// Private to the bridges: transactional enqueue on the caller's connection, whatever its driver.
 /// Everything but running the statement is here: checking the job and the schema before anything
 /// is sent, the statement (`<schema>.enqueue(...)`, or one `<schema>.enqueue_batch(...)` over
-/// arrays for a whole batch), its text parameters, reading the ids back, and what a failure
+/// arrays for a whole batch or a keyed job), its text parameters, reading the ids (and whether
+/// each job was inserted) back, and what a failure
 /// means. A bridge supplies one function that runs an enqueue_statement through its driver and
 /// returns the answer's one text cell, or the error failure() made of what went wrong.
 #include <cctype>
@@ -12,6 +13,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -41,6 +43,9 @@ struct enqueue_statement {
   std::string sql;               ///< $1..$7 placeholders
   std::vector<std::optional<std::string>> params;  ///< text values; nullopt is NULL
   std::size_t jobs = 0;          ///< how many ids the answer holds
+  /// The answer marks a job that was not inserted (its unique key's holder) by a negative id:
+  /// job ids are positive.
+  bool signed_ids = false;
 };
 
 /// What a bridge's driver answered: the one text cell (nullopt for SQL NULL) or a failure.
@@ -78,9 +83,14 @@ inline std::string primary_message(std::string_view text) {
 
 }  // namespace detail
 
-/// `SELECT <schema>.enqueue($1..$7)` for one job. errc::invalid_argument (validate()'s detail, or
-/// the schema name) before anything is sent.
+inline result<enqueue_statement> enqueue_batch_statement_for(std::span<const new_job> jobs,
+                                                             const sql_options& options);
+
+/// `SELECT <schema>.enqueue($1..$7)` for one keyless job; a keyed one is a batch of one, whose
+/// answer says whether it was inserted. errc::invalid_argument (validate()'s detail, or the
+/// schema name) before anything is sent.
 inline result<enqueue_statement> enqueue_statement_for(const new_job& job, const sql_options& options) {
+  if (job.unique_key) return enqueue_batch_statement_for(std::span<const new_job>(&job, 1), options);
   TENURE_TRYV(validate(job));
   TENURE_TRYV(detail::check_schema(options));
   auto args = detail::json_text(job.args);
@@ -97,15 +107,19 @@ inline result<enqueue_statement> enqueue_statement_for(const new_job& job, const
 }
 
 /// One `<schema>.enqueue_batch(...)` over arrays for all `jobs`, never a statement per job; the
-/// ids come back as one array in input order. All or nothing: one invalid job refuses the batch
-/// (errc::invalid_argument with its detail) before anything is sent.
+/// ids come back as one array in input order (with a job's unique key: negative for a holder's
+/// id, not inserted). All or nothing: one invalid job refuses the batch (errc::invalid_argument
+/// with its detail) before anything is sent.
 inline result<enqueue_statement> enqueue_batch_statement_for(std::span<const new_job> jobs,
                                                              const sql_options& options) {
   TENURE_TRYV(detail::check_schema(options));
-  std::vector<std::optional<std::string>> kinds, args, queues, run_ats, metadatas;
+  std::vector<std::optional<std::string>> kinds, args, queues, run_ats, metadatas, keys;
   std::vector<std::int64_t> priorities, max_attempts;
+  bool keyed = false;
   for (const auto& j : jobs) {
     TENURE_TRYV(validate(j));
+    keys.push_back(j.unique_key);
+    keyed = keyed || j.unique_key.has_value();
     kinds.emplace_back(j.kind);
     args.emplace_back(detail::json_text(j.args));
     metadatas.emplace_back(detail::json_text(j.metadata));
@@ -119,6 +133,18 @@ inline result<enqueue_statement> enqueue_batch_statement_for(std::span<const new
   }
   using postgres::int_array;
   using postgres::text_array;
+  if (keyed) {
+    return enqueue_statement{
+        .name = "enqueue_batch",
+        .sql = "SELECT array_agg(CASE WHEN inserted THEN job_id ELSE -job_id END ORDER BY ord)::text FROM " +
+               options.schema +
+               ".enqueue_batch($1::text[], $2::jsonb[], $3::text[], $4::int[], $5::timestamptz[], $6::int[], "
+               "$7::jsonb[], $8::text[])",
+        .params = {text_array(kinds), text_array(args), text_array(queues), int_array(priorities),
+                   text_array(run_ats), int_array(max_attempts), text_array(metadatas), text_array(keys)},
+        .jobs = jobs.size(),
+        .signed_ids = true};
+  }
   return enqueue_statement{
       .name = "enqueue_batch",
       .sql = "SELECT array_agg(job_id ORDER BY ord)::text FROM " + options.schema +
@@ -174,46 +200,67 @@ inline error failure(const enqueue_statement& st, tx_state before, bool connecti
   return error{code, std::move(msg), std::string{sqlstate}};
 }
 
-/// The ids the statement answered ("42" or "{42,43}"), in input order; errc::protocol_error
-/// unless there are exactly st.jobs of them.
-inline result<std::vector<std::int64_t>> ids_from(const enqueue_statement& st, const std::optional<std::string>& text) {
-  std::vector<std::int64_t> ids;
-  ids.reserve(st.jobs);
+/// What the statement answered ("42", "{42,43}", or with signed_ids "{42,-7}"), in input order;
+/// errc::protocol_error unless there are exactly st.jobs ids.
+inline result<std::vector<enqueue_result>> results_from(const enqueue_statement& st,
+                                                        const std::optional<std::string>& text) {
+  std::vector<enqueue_result> out;
+  out.reserve(st.jobs);
   std::int64_t cur = 0;
-  bool in_number = false;
+  bool in_number = false, negative = false;
   for (char c : text.value_or("") + ",") {
     if (c >= '0' && c <= '9') {
       cur = cur * 10 + (c - '0');
       in_number = true;
     } else if (in_number) {
-      ids.push_back(cur);
+      out.push_back({.id = cur, .inserted = !negative});
       cur = 0;
-      in_number = false;
+      in_number = negative = false;
+    } else {
+      negative = st.signed_ids && c == '-';
     }
   }
-  if (ids.size() != st.jobs) {
-    tenure::logger()->error("tenure: {} answered {} ids for {} jobs", st.name, ids.size(), st.jobs);
+  if (out.size() != st.jobs) {
+    tenure::logger()->error("tenure: {} answered {} ids for {} jobs", st.name, out.size(), st.jobs);
     return errc::protocol_error;
   }
-  return ids;
+  return out;
 }
 
-/// enqueue for any bridge: `run(const enqueue_statement&) -> answer` runs it through the driver.
+/// try_enqueue for any bridge: `run(const enqueue_statement&) -> answer` runs it through the driver.
 template <class Run>
-result<std::int64_t> enqueue(const new_job& job, const sql_options& options, Run&& run) {
+result<enqueue_result> try_enqueue(const new_job& job, const sql_options& options, Run&& run) {
   TENURE_TRY(auto st, enqueue_statement_for(job, options));
   TENURE_TRY(auto text, run(st));
-  TENURE_TRY(auto ids, ids_from(st, text));
-  return ids.front();
+  TENURE_TRY(auto out, results_from(st, text));
+  return out.front();
+}
+
+/// try_enqueue_batch for any bridge; an empty batch sends nothing.
+template <class Run>
+result<std::vector<enqueue_result>> try_enqueue_batch(std::span<const new_job> jobs, const sql_options& options,
+                                                      Run&& run) {
+  if (jobs.empty()) return std::vector<enqueue_result>{};
+  TENURE_TRY(auto st, enqueue_batch_statement_for(jobs, options));
+  TENURE_TRY(auto text, run(st));
+  return results_from(st, text);
+}
+
+/// enqueue for any bridge: the new job's id, or the id of the live job holding its unique key.
+template <class Run>
+result<std::int64_t> enqueue(const new_job& job, const sql_options& options, Run&& run) {
+  TENURE_TRY(auto r, try_enqueue(job, options, std::forward<Run>(run)));
+  return r.id;
 }
 
 /// enqueue_batch for any bridge; an empty batch sends nothing.
 template <class Run>
 result<std::vector<std::int64_t>> enqueue_batch(std::span<const new_job> jobs, const sql_options& options, Run&& run) {
-  if (jobs.empty()) return std::vector<std::int64_t>{};
-  TENURE_TRY(auto st, enqueue_batch_statement_for(jobs, options));
-  TENURE_TRY(auto text, run(st));
-  return ids_from(st, text);
+  TENURE_TRY(auto out, try_enqueue_batch(jobs, options, std::forward<Run>(run)));
+  std::vector<std::int64_t> ids;
+  ids.reserve(out.size());
+  for (const auto& r : out) ids.push_back(r.id);
+  return ids;
 }
 
 }  // namespace tenure::bridges

@@ -58,6 +58,16 @@ result<std::vector<std::int64_t>> enqueue_batch(PGconn* conn, std::span<const ne
   return bridges::enqueue_batch(jobs, options, [conn](const bridges::enqueue_statement& st) { return run(conn, st); });
 }
 
+result<enqueue_result> try_enqueue(PGconn* conn, const new_job& job, const sql_options& options) {
+  return bridges::try_enqueue(job, options, [conn](const bridges::enqueue_statement& st) { return run(conn, st); });
+}
+
+result<std::vector<enqueue_result>> try_enqueue_batch(PGconn* conn, std::span<const new_job> jobs,
+                                                      const sql_options& options) {
+  return bridges::try_enqueue_batch(jobs, options,
+                                    [conn](const bridges::enqueue_statement& st) { return run(conn, st); });
+}
+
 result<finalization_receipt> complete_in_tx(PGconn* conn, const finalization_token& token,
                                             const finalize_options& options) {
   TENURE_TRY(auto progress, bridges::prepare(token, options));

@@ -68,6 +68,15 @@ result<std::vector<std::int64_t>> enqueue_batch(pqxx::transaction_base& tx, std:
   return bridges::enqueue_batch(jobs, options, [&tx](const bridges::enqueue_statement& st) { return run(tx, st); });
 }
 
+result<enqueue_result> try_enqueue(pqxx::transaction_base& tx, const new_job& job, const sql_options& options) {
+  return bridges::try_enqueue(job, options, [&tx](const bridges::enqueue_statement& st) { return run(tx, st); });
+}
+
+result<std::vector<enqueue_result>> try_enqueue_batch(pqxx::transaction_base& tx, std::span<const new_job> jobs,
+                                                      const sql_options& options) {
+  return bridges::try_enqueue_batch(jobs, options, [&tx](const bridges::enqueue_statement& st) { return run(tx, st); });
+}
+
 result<finalization_receipt> complete_in_tx(pqxx::transaction_base& tx, const finalization_token& token,
                                             const finalize_options& options) {
   TENURE_TRY(auto progress, bridges::prepare(token, options));

@@ -57,6 +57,15 @@ result<std::vector<std::int64_t>> enqueue_batch(soci::session& session, std::spa
   return enqueue_batch(native(session), jobs, options);
 }
 
+result<enqueue_result> try_enqueue(soci::session& session, const new_job& job, const sql_options& options) {
+  return try_enqueue(native(session), job, options);
+}
+
+result<std::vector<enqueue_result>> try_enqueue_batch(soci::session& session, std::span<const new_job> jobs,
+                                                      const sql_options& options) {
+  return try_enqueue_batch(native(session), jobs, options);
+}
+
 result<finalization_receipt> complete_in_tx(soci::session& session, const finalization_token& token,
                                             const finalize_options& options) {
   PGconn* conn = native(session);

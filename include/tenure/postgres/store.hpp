@@ -59,8 +59,8 @@ class store final : public storage_port {
   static result<std::unique_ptr<store>> open(store_options options);
   ~store() override;
 
-  result<std::int64_t> enqueue(const new_job& job) override;
-  result<std::vector<std::int64_t>> enqueue_batch(std::span<const new_job> jobs) override;
+  result<enqueue_result> try_enqueue(const new_job& job) override;
+  result<std::vector<enqueue_result>> try_enqueue_batch(std::span<const new_job> jobs) override;
   result<std::vector<claimed_attempt>> claim(std::string_view queue, int max_jobs,
                                              std::string_view worker) override;
   result<std::vector<claimed_attempt>> claim(std::string_view queue, int max_jobs, std::string_view worker,

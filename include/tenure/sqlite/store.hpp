@@ -67,8 +67,8 @@ class store final : public storage_port {
   }
 
   // ---- storage_port (semantics: tenure/storage_port.hpp and 0001_base.sql) -------------------
-  result<std::int64_t> enqueue(const new_job& job) override;
-  result<std::vector<std::int64_t>> enqueue_batch(std::span<const new_job> jobs) override;
+  result<enqueue_result> try_enqueue(const new_job& job) override;
+  result<std::vector<enqueue_result>> try_enqueue_batch(std::span<const new_job> jobs) override;
 
   /// errc::invalid_argument for max_jobs outside 1..10000 (as tenure.claim). Promotes at most
   /// 1000 due deferred jobs of the queue first. There is no wake-up channel, so the

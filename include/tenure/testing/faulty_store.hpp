@@ -82,6 +82,9 @@ class faulty_store final : public storage_port {
   std::int64_t forwarded(op o) const noexcept;
 
   // ---- storage_port ------------------------------------------------------------------------
+  /// try_enqueue and enqueue count as op::enqueue; the batch forms as op::enqueue_batch.
+  result<enqueue_result> try_enqueue(const new_job& job) override;
+  result<std::vector<enqueue_result>> try_enqueue_batch(std::span<const new_job> jobs) override;
   result<std::int64_t> enqueue(const new_job& job) override;
   result<std::vector<std::int64_t>> enqueue_batch(std::span<const new_job> jobs) override;
   /// Both claim overloads count as op::claim; each forwards to the same overload of `inner`.

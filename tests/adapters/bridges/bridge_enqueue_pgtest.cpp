@@ -107,7 +107,7 @@ TEST_P(bridge_enqueue, batch_is_one_statement_with_ids_in_input_order) {
   EXPECT_EQ(tx->scalar("SELECT coalesce(pg_stat_get_xact_function_calls('" + s("enqueue_batch") + "'::regproc), 0)"),
             "1");
   EXPECT_EQ(tx->scalar("SELECT coalesce(pg_stat_get_xact_function_calls('" + s("enqueue") +
-                       "(text,jsonb,text,int,timestamptz,int,jsonb)'::regprocedure), 0)"),
+                       "(text,jsonb,text,int,timestamptz,int,jsonb,text)'::regprocedure), 0)"),
             "0");
   ASSERT_TRUE(tx->commit());
   for (std::size_t i = 0; i < jobs.size(); i += 61) {
@@ -255,6 +255,73 @@ TEST_P(bridge_enqueue, a_connection_lost_in_autocommit_is_in_doubt) {
   auto r = after_the_backend_is_terminated(*tx, [&] { return tx->enqueue_batch(two, opts_); });
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error(), errc::commit_in_doubt) << r.error().message();
+}
+
+TEST_P(bridge_enqueue, a_keyed_enqueue_says_whether_it_inserted_and_answers_the_live_holder_otherwise) {
+  const new_job keyed{.kind = "charge", .unique_key = "order-7"};
+  auto tx = open_tx();
+  tx->begin();
+  auto first = tx->try_enqueue(keyed, opts_);
+  ASSERT_TRUE(first) << first.error().message();
+  EXPECT_TRUE(first.value().inserted);
+  auto again = tx->try_enqueue(keyed, opts_);
+  ASSERT_TRUE(again) << again.error().message();
+  EXPECT_EQ(again.value().id, first.value().id);
+  EXPECT_FALSE(again.value().inserted) << "held by the caller's own uncommitted job";
+  ASSERT_TRUE(tx->commit());
+
+  tx->begin();
+  EXPECT_EQ(tx->enqueue(keyed, opts_).value(), first.value().id);
+  const std::vector<new_job> batch{keyed, {.kind = "k", .unique_key = "new"}, {.kind = "k"},
+                                   {.kind = "k", .unique_key = "new"}};
+  auto out = tx->try_enqueue_batch(batch, opts_);
+  ASSERT_TRUE(out) << out.error().message();
+  ASSERT_EQ(out.value().size(), 4u);
+  EXPECT_EQ(out.value()[0].id, first.value().id);
+  EXPECT_FALSE(out.value()[0].inserted);
+  EXPECT_TRUE(out.value()[1].inserted);
+  EXPECT_TRUE(out.value()[2].inserted);
+  EXPECT_EQ(out.value()[3].id, out.value()[1].id);
+  EXPECT_FALSE(out.value()[3].inserted);
+  ASSERT_TRUE(tx->commit());
+  EXPECT_EQ(count("jobs"), 3);
+  EXPECT_EQ(check_.scalar("SELECT unique_key FROM " + s("jobs") + " WHERE id = $1",
+                          {std::to_string(out.value()[1].id)}),
+            "new");
+}
+
+TEST_P(bridge_enqueue, a_producer_waits_for_an_uncommitted_holder_and_inserts_once_it_rolled_back_or_answers_it_once_committed) {
+  const new_job keyed{.kind = "charge", .unique_key = "order-8"};
+  for (const bool holder_commits : {false, true}) {
+    auto holder = open_tx();
+    holder->begin();
+    auto held = holder->try_enqueue(keyed, opts_);
+    ASSERT_TRUE(held && held.value().inserted);
+    tenure::result<tenure::enqueue_result> waited = errc::protocol_error;
+    std::thread other([&] {
+      auto tx = open_tx();
+      tx->begin();
+      waited = tx->try_enqueue(keyed, opts_);
+      EXPECT_TRUE(tx->commit());
+    });
+    std::this_thread::sleep_for(100ms);  // the other producer is now waiting for the holder
+    if (holder_commits) {
+      ASSERT_TRUE(holder->commit());
+    } else {
+      holder->rollback();
+    }
+    other.join();
+    ASSERT_TRUE(waited) << waited.error().message();
+    if (holder_commits) {
+      EXPECT_EQ(waited.value().id, held.value().id);
+      EXPECT_FALSE(waited.value().inserted);
+    } else {
+      EXPECT_NE(waited.value().id, held.value().id);
+      EXPECT_TRUE(waited.value().inserted);
+      // Free the key for the next round.
+      check_.exec("SELECT " + s("cancel_job") + "($1)", {std::to_string(waited.value().id)});
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(bridges, bridge_enqueue, ::testing::Values(bridge::libpq, bridge::soci, bridge::pqxx),

@@ -29,6 +29,9 @@ class caller_tx {
   virtual void begin_autocommit() {}
   virtual result<std::int64_t> enqueue(const new_job& job, const sql_options& o) = 0;
   virtual result<std::vector<std::int64_t>> enqueue_batch(std::span<const new_job> jobs, const sql_options& o) = 0;
+  virtual result<enqueue_result> try_enqueue(const new_job& job, const sql_options& o) = 0;
+  virtual result<std::vector<enqueue_result>> try_enqueue_batch(std::span<const new_job> jobs,
+                                                                const sql_options& o) = 0;
   virtual std::string scalar(const std::string& sql) = 0;  ///< the first cell; throws on error
   virtual bool commit() = 0;  ///< false when the server refused (e.g. the transaction was aborted)
   virtual void rollback() = 0;
@@ -49,6 +52,12 @@ class libpq_tx final : public caller_tx {
   }
   result<std::vector<std::int64_t>> enqueue_batch(std::span<const new_job> jobs, const sql_options& o) override {
     return tenure::enqueue_batch(db_.native(), jobs, o);
+  }
+  result<enqueue_result> try_enqueue(const new_job& job, const sql_options& o) override {
+    return tenure::try_enqueue(db_.native(), job, o);
+  }
+  result<std::vector<enqueue_result>> try_enqueue_batch(std::span<const new_job> jobs, const sql_options& o) override {
+    return tenure::try_enqueue_batch(db_.native(), jobs, o);
   }
   std::string scalar(const std::string& sql) override { return db_.scalar(sql); }
   bool commit() override {
@@ -80,6 +89,12 @@ class soci_tx final : public caller_tx {
   }
   result<std::vector<std::int64_t>> enqueue_batch(std::span<const new_job> jobs, const sql_options& o) override {
     return tenure::enqueue_batch(session_, jobs, o);
+  }
+  result<enqueue_result> try_enqueue(const new_job& job, const sql_options& o) override {
+    return tenure::try_enqueue(session_, job, o);
+  }
+  result<std::vector<enqueue_result>> try_enqueue_batch(std::span<const new_job> jobs, const sql_options& o) override {
+    return tenure::try_enqueue_batch(session_, jobs, o);
   }
   std::string scalar(const std::string& sql) override {
     std::string out;
@@ -130,6 +145,12 @@ class pqxx_tx final : public caller_tx {
   }
   result<std::vector<std::int64_t>> enqueue_batch(std::span<const new_job> jobs, const sql_options& o) override {
     return tenure::enqueue_batch(*work_, jobs, o);
+  }
+  result<enqueue_result> try_enqueue(const new_job& job, const sql_options& o) override {
+    return tenure::try_enqueue(*work_, job, o);
+  }
+  result<std::vector<enqueue_result>> try_enqueue_batch(std::span<const new_job> jobs, const sql_options& o) override {
+    return tenure::try_enqueue_batch(*work_, jobs, o);
   }
   std::string scalar(const std::string& sql) override { return work_->exec1(sql)[0].c_str(); }
   bool commit() override {

@@ -170,7 +170,7 @@ TEST_F(soci_enqueue, batch_is_one_statement_with_ids_in_input_order) {
                   ".enqueue_batch'::regproc), 0)",
       soci::into(batch_calls);
   session_ << "SELECT coalesce(pg_stat_get_xact_function_calls('" + schema_.name() +
-                  ".enqueue(text,jsonb,text,int,timestamptz,int,jsonb)'::regprocedure), 0)",
+                  ".enqueue(text,jsonb,text,int,timestamptz,int,jsonb,text)'::regprocedure), 0)",
       soci::into(single_calls);
   EXPECT_EQ(batch_calls, 1);
   EXPECT_EQ(single_calls, 0);

@@ -128,8 +128,12 @@ TEST(schema_upgrade, jobs_from_before_metadata_read_an_empty_object_in_place_and
   db.exec("GRANT USAGE ON SCHEMA " + schema + " TO " + role);
   db.exec("GRANT EXECUTE ON FUNCTION " + q("enqueue") + "(text, jsonb, text, int, timestamptz, int) TO " + role);
   db.exec("GRANT EXECUTE ON FUNCTION " + q("claim") + "(text, int, text) TO " + role);
+  // The tables of the schema before the upgrade (later migrations may add tables of their own).
+  const auto tables_before = db.scalar("SELECT array_agg(relname)::text FROM pg_class WHERE relnamespace = '" + schema +
+                                       "'::regnamespace AND relkind = 'r'");
   const std::string files = "SELECT string_agg(relname || ':' || relfilenode, ',' ORDER BY relname) FROM pg_class "
-                            "WHERE relnamespace = '" + schema + "'::regnamespace AND relkind = 'r'";
+                            "WHERE relnamespace = '" + schema + "'::regnamespace AND relkind = 'r' "
+                            "AND relname = ANY ('" + tables_before + "'::text[])";
   const auto files_before = db.scalar(files);
 
   auto upgraded = tenure::postgres::migrate(dsn, schema);
@@ -150,6 +154,42 @@ TEST(schema_upgrade, jobs_from_before_metadata_read_an_empty_object_in_place_and
   EXPECT_EQ(claimed.at(0, 1), "{}");
   EXPECT_EQ(claimed.at(1, 0), id);
   EXPECT_EQ(claimed.at(1, 1), R"({"tenant": "acme"})");
+}
+
+TEST(schema_upgrade, producers_keep_their_grants_on_the_keyed_enqueue_functions_and_old_jobs_have_no_key) {
+  int unique_version = 0;
+  for (const auto& m : tenure::postgres::detail::embedded_migrations()) {
+    if (std::string_view{m.name}.ends_with("_unique_jobs")) unique_version = m.version;
+  }
+  ASSERT_GE(unique_version, 2);
+  const std::string dsn = tenure::test::test_dsn();
+  const std::string schema = "upguniq_" + tenure::test::random_suffix();
+  const std::string role = schema + "_app";
+  const cleanup drop{dsn, schema, role};
+  pg db{dsn};
+  ASSERT_TRUE(tenure::postgres::detail::migrate_up_to(dsn, schema, unique_version - 1));
+  const auto q = [&](const std::string& name) { return schema + "." + name; };
+  const auto old_job = db.scalar("SELECT " + q("enqueue") + "('k', '{}', 'q')");
+  db.exec("CREATE ROLE " + role);
+  db.exec("GRANT USAGE ON SCHEMA " + schema + " TO " + role);
+  db.exec("GRANT EXECUTE ON FUNCTION " + q("enqueue") + "(text, jsonb, text, int, timestamptz, int, jsonb) TO " + role);
+  db.exec("GRANT EXECUTE ON FUNCTION " + q("enqueue_batch") +
+          "(text[], jsonb[], text[], int[], timestamptz[], int[], jsonb[]) TO " + role);
+
+  auto upgraded = tenure::postgres::migrate(dsn, schema);
+  ASSERT_TRUE(upgraded) << upgraded.error().message();
+  EXPECT_EQ(db.scalar("SELECT to_regprocedure('" + q("enqueue") + "(text, jsonb, text, int, timestamptz, int, jsonb)') IS NULL"),
+            "t")
+      << "replaced, not overloaded";
+  EXPECT_EQ(db.scalar("SELECT count(*) FROM " + q("jobs") + " WHERE id = $1 AND unique_key IS NULL", {old_job}), "1");
+
+  pg as_role{dsn};
+  as_role.exec("SET ROLE " + role);
+  const auto id = as_role.scalar("SELECT " + q("enqueue") + "('k', '{}', 'q', unique_key => 'u')");
+  EXPECT_EQ(as_role.scalar("SELECT " + q("enqueue") + "('k', '{}', 'q', unique_key => 'u')"), id);
+  EXPECT_EQ(as_role.scalar("SELECT job_id || ':' || inserted FROM " + q("enqueue_batch") +
+                           "(ARRAY['k'], ARRAY['{}']::jsonb[], ARRAY['q'], ARRAY[2], unique_keys => ARRAY['u'])"),
+            id + ":false");
 }
 
 // ---- where a fresh install may go --------------------------------------------------------------
