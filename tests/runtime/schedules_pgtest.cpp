@@ -331,11 +331,13 @@ TEST_F(schedules_pg, concurrent_passes_enqueue_each_slot_exactly_once) {
       << "no slot was enqueued twice";
 }
 
-TEST_F(schedules_pg, a_schedule_whose_enqueue_fails_records_the_error_and_the_pass_goes_on) {
+TEST_F(schedules_pg, a_schedule_whose_enqueue_or_time_zone_fails_records_the_error_and_the_pass_goes_on) {
   ASSERT_TRUE(upsert("broken", "* * * * *").ok);
   ASSERT_TRUE(upsert("fine", "* * * * *").ok);
-  // Only the owner can store what schedule_upsert refuses.
+  ASSERT_TRUE(upsert("zone-gone", "* * * * *").ok);
+  // Only the owner can store what schedule_upsert refuses (or a zone the time zone data no longer has).
   db_.exec("UPDATE " + s("schedules") + " SET args = '[1]' WHERE name = 'broken'");
+  db_.exec("UPDATE " + s("schedules") + " SET timezone = 'Gone/Zone' WHERE name = 'zone-gone'");
   const auto term = db_.scalar("SELECT " + s("acquire_leadership") + "('leader', '1 hour')");
   db_.exec("UPDATE " + s("schedules") + " SET next_slot = next_slot - interval '1 minute'");
   auto r = db_.query("SELECT * FROM " + s("maintain") + "('leader', $1::bigint)", {term});
@@ -345,6 +347,10 @@ TEST_F(schedules_pg, a_schedule_whose_enqueue_fails_records_the_error_and_the_pa
                                      "AND next_slot > last_slot"),
             "t");
   EXPECT_EQ(schedule_field("fine", "last_error IS NULL AND last_job_id IS NOT NULL"), "t");
+  EXPECT_EQ(schedule_field("zone-gone", "last_error LIKE '%time zone \"Gone/Zone\" not recognized%' "
+                                        "AND next_slot IS NULL"),
+            "t")
+      << "it stops until it is replaced with a zone that exists";
 }
 
 // ---- roles --------------------------------------------------------------------------------------
