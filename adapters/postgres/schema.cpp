@@ -294,7 +294,9 @@ grant_list grants_of(grant_kind kind) {
                        "complete_callback(uuid, jsonb)", "fail_callback(uuid, text, boolean)"};
       break;
     case grant_kind::admin:
-      out.functions = {"pause_queue(text)", "resume_queue(text)", "configure_queue(text, jsonb)", "list_queues()"};
+      out.functions = {"pause_queue(text)", "resume_queue(text)", "configure_queue(text, jsonb)", "list_queues()",
+                       "schedule_upsert(text, text, text, jsonb, text, text)", "schedule_remove(text)",
+                       "list_schedules()", "cron_next(text, timestamptz, text)"};
       break;
     case grant_kind::worker:
       out.functions = {"claim(text, int, text)",

@@ -727,13 +727,115 @@ TEST_F(cli_pg, grant_admin_gives_the_queue_functions_and_nothing_else) {
   expect_success(r);
   EXPECT_EQ(r.out, "granted admin access on schema " + schema_ + " to role " + role + "\n");
   auto has = [&](const std::string& check) { return db_->exec("SELECT " + check) == "t"; };
-  for (const char* fn : {"pause_queue(text)", "resume_queue(text)", "configure_queue(text,jsonb)", "list_queues()"}) {
+  for (const char* fn : {"pause_queue(text)", "resume_queue(text)", "configure_queue(text,jsonb)", "list_queues()",
+                         "schedule_upsert(text,text,text,jsonb,text,text)", "schedule_remove(text)",
+                         "list_schedules()", "cron_next(text,timestamptz,text)"}) {
     EXPECT_TRUE(has("has_function_privilege('" + role + "', '" + schema_ + "." + fn + "', 'EXECUTE')")) << fn;
   }
   EXPECT_FALSE(has("has_function_privilege('" + role + "', '" + schema_ + ".prune_expired(interval,int,int)', 'EXECUTE')"));
   EXPECT_FALSE(has("has_function_privilege('" + role + "', '" + schema_ + ".complete_job(text,jsonb)', 'EXECUTE')"));
+  EXPECT_FALSE(has("has_function_privilege('" + role + "', '" + schema_ + ".enqueue_due_schedules(timestamptz,int)', 'EXECUTE')"));
+  EXPECT_FALSE(has("has_table_privilege('" + role + "', '" + schema_ + ".schedules', 'SELECT')"));
   EXPECT_FALSE(has("has_table_privilege('" + role + "', '" + schema_ + ".queues', 'SELECT')"));
   EXPECT_FALSE(has("has_table_privilege('" + role + "', '" + schema_ + ".jobs', 'SELECT')"));
+}
+
+// ---- schedules -----------------------------------------------------------------------------------
+
+TEST_F(cli_pg, schedule_add_list_and_remove_round_trip_through_sql) {
+  migrate();
+  auto added = tenure({"schedule", "add", "nightly", "--cron", "30 2 * * *", "--kind", "report", "--args",
+                       R"({"n": 123456789012345678901234567890})", "--queue", "reports", "--timezone", "Europe/Berlin"});
+  expect_success(added);
+  EXPECT_TRUE(std::regex_match(added.out, std::regex{"schedule nightly created; next run "
+                                                     "[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:00Z "
+                                                     "\\([0-9]{4}-[0-9]{2}-[0-9]{2} 02:30 Europe/Berlin\\)\n"}))
+      << added;
+  auto again = tenure({"schedule", "add", "nightly", "--cron", "30 2 * * *", "--kind", "report2", "--timezone",
+                       "Europe/Berlin"});
+  expect_success(again);
+  EXPECT_TRUE(again.out.starts_with("schedule nightly updated; next run ")) << again;
+  expect_success(tenure({"schedule", "add", "every-minute", "--cron", "* * * * *", "--kind", "tick"}));
+  // The second schedule's slot comes due and a pass enqueues it.
+  db_->exec("UPDATE " + schema_ + ".schedules SET next_slot = now() - interval '1 second' WHERE name = 'every-minute'");
+  db_->exec("SELECT " + schema_ + ".enqueue_due_schedules()");
+
+  auto text = tenure({"schedule", "list"});
+  expect_success(text);
+  EXPECT_TRUE(std::regex_match(
+      text.out,
+      std::regex{"schedule every-minute  \\* \\* \\* \\* \\*  \\(UTC\\)\n"
+                 "  job       kind tick, queue default, args \\{\\}\n"
+                 "  next run  [0-9T:-]+Z \\([0-9: -]+ UTC\\)\n"
+                 "  last run  [0-9T:-]+Z \\(job [0-9]+\\)\n"
+                 "schedule nightly  30 2 \\* \\* \\*  \\(Europe/Berlin\\)\n"
+                 "  job       kind report2, queue default, args \\{\\}\n"
+                 "  next run  [0-9T:-]+Z \\([0-9-]+ 02:30 Europe/Berlin\\)\n"
+                 "  last run  never\n"}))
+      << text;
+
+  // --json: args is the stored JSON text, never parsed (a number no double holds stays exact).
+  expect_success(tenure({"schedule", "add", "big", "--cron", "@daily", "--kind", "k", "--args",
+                         R"({"n": 123456789012345678901234567890})"}));
+  auto json = tenure({"schedule", "list", "--json"});
+  expect_success(json);
+  EXPECT_NE(json.out.find(R"("args":{"n": 123456789012345678901234567890})"), std::string::npos) << json;
+  const auto j = nlohmann::json::parse(json.out);
+  EXPECT_EQ(j["schema"], schema_);
+  ASSERT_EQ(j["schedules"].size(), 3u);
+  const auto& m = j["schedules"][1];
+  EXPECT_EQ(m["name"], "every-minute");
+  EXPECT_EQ(m["cron"], "* * * * *");
+  EXPECT_EQ(m["timezone"], "UTC");
+  EXPECT_EQ(m["kind"], "tick");
+  EXPECT_EQ(m["queue"], "default");
+  EXPECT_TRUE(m["last_job_id"].is_number_integer()) << m;
+  EXPECT_TRUE(m["last_run"].is_string()) << m;
+  EXPECT_TRUE(m["next_run"].is_string()) << m;
+  EXPECT_TRUE(m["last_error"].is_null()) << m;
+  EXPECT_TRUE(j["schedules"][2]["last_run"].is_null());
+
+  auto removed = tenure({"schedule", "remove", "nightly"});
+  expect_success(removed);
+  EXPECT_EQ(removed.out, "schedule nightly removed (jobs it enqueued stay)\n");
+  expect_one_error_line(tenure({"schedule", "remove", "nightly"}), 1, "schedule nightly not found");
+  expect_success(tenure({"schedule", "remove", "big"}));
+  expect_success(tenure({"schedule", "remove", "every-minute"}));
+  auto none = tenure({"schedule", "list"});
+  expect_success(none);
+  EXPECT_EQ(none.out, "no schedules in schema " + schema_ + "\n");
+}
+
+TEST_F(cli_pg, schedule_add_refuses_a_bad_expression_time_zone_or_args_with_exit_2_and_the_reason) {
+  migrate();
+  expect_one_error_line(tenure({"schedule", "add", "s", "--cron", "0 0 32 * *", "--kind", "k"}), 2,
+                        "day-of-month field, token \"32\": 32 is out of range 1-31");
+  expect_one_error_line(tenure({"schedule", "add", "s", "--cron", "0 0 * * * *", "--kind", "k"}), 2,
+                        "expected 5 fields");
+  expect_one_error_line(tenure({"schedule", "add", "s", "--cron", "0 0 * * *", "--kind", "k", "--timezone", "Mars/Base"}),
+                        2, "unknown time zone \"Mars/Base\"");
+  expect_one_error_line(tenure({"schedule", "add", "s", "--cron", "0 0 * * *", "--kind", "k", "--args", "[1]"}), 2,
+                        "args must be a JSON object");
+  expect_one_error_line(tenure({"schedule", "add", "s", "--cron", "0 0 * * *", "--kind", "k", "--args", "{"}), 2,
+                        "invalid input syntax for type json");
+  expect_one_error_line(tenure({"schedule", "add", "s", "--kind", "k"}), 2, "--cron");
+  auto none = tenure({"schedule", "list"});
+  EXPECT_EQ(none.out, "no schedules in schema " + schema_ + "\n");
+}
+
+TEST_F(cli_pg, schedule_list_escapes_names_and_kinds_as_user_data) {
+  migrate();
+  const std::string rlo = "\xE2\x80\xAE";  // U+202E RIGHT-TO-LEFT OVERRIDE
+  expect_success(tenure({"schedule", "add", "s" + rlo + "\\x", "--cron", "@hourly", "--kind", "k" + rlo}));
+  auto text = tenure({"schedule", "list"});
+  expect_success(text);
+  EXPECT_NE(text.out.find("schedule s\\u{202E}\\\\x  @hourly  (UTC)\n"), std::string::npos) << text;
+  EXPECT_NE(text.out.find("kind k\\u{202E}, queue default"), std::string::npos) << text;
+  auto json = tenure({"schedule", "list", "--json"});
+  expect_success(json);
+  EXPECT_EQ(nlohmann::json::parse(json.out)["schedules"][0]["name"], "s" + rlo + "\\x");
+  auto removed = tenure({"schedule", "remove", "s" + rlo + "\\x"});
+  EXPECT_EQ(removed.out, "schedule s\\u{202E}\\\\x removed (jobs it enqueued stay)\n");
 }
 
 // ---- many jobs -----------------------------------------------------------------------------------

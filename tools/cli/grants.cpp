@@ -26,7 +26,8 @@ constexpr grant_command k_grants[] = {
      "Let ROLE (an external system) resolve callbacks: EXECUTE on resume_callback, "
      "extend_callback, complete_callback and fail_callback"},
     {"grant-admin", postgres::grant_kind::admin, "admin",
-     "Let ROLE administer queues: EXECUTE on pause_queue, resume_queue, configure_queue and list_queues"},
+     "Let ROLE administer queues and schedules: EXECUTE on pause_queue, resume_queue, configure_queue, "
+     "list_queues, schedule_upsert, schedule_remove, list_schedules and cron_next"},
 };
 
 int run_grant(const context& ctx, const grant_command& g, const std::string& role) {

@@ -52,7 +52,8 @@ enum class grant_kind {
   producer,   ///< USAGE + EXECUTE on enqueue and enqueue_batch
   worker,     ///< everything a worker runtime calls, plus SELECT on the jobs view
   callback,   ///< USAGE + EXECUTE on resume/extend/complete/fail_callback (external systems)
-  admin,      ///< USAGE + EXECUTE on pause_queue, resume_queue, configure_queue, list_queues (operators)
+  admin,      ///< USAGE + EXECUTE on pause_queue, resume_queue, configure_queue, list_queues, schedule_upsert,
+              ///< schedule_remove, list_schedules, cron_next (operators)
 };
 
 /// What grant() gives a role of one kind besides USAGE on the schema: EXECUTE on `functions`

@@ -138,7 +138,10 @@ TEST(schema_upgrade, jobs_from_before_metadata_read_an_empty_object_in_place_and
 
   auto upgraded = tenure::postgres::migrate(dsn, schema);
   ASSERT_TRUE(upgraded) << upgraded.error().message();
-  EXPECT_EQ(db.scalar(files), files_before) << "adding the column rewrote no table";
+  // The tables that existed before (later migrations may add others).
+  EXPECT_EQ(db.scalar(files + " AND relname = ANY (regexp_split_to_array($1, ':[0-9]+,?'))", {files_before}),
+            files_before)
+      << "adding the column rewrote no table";
   EXPECT_EQ(db.scalar("SELECT string_agg(state || ':' || metadata::text, ',' ORDER BY id) FROM " + q("jobs")),
             "completed:{},running:{},available:{},scheduled:{},failed:{}");
   EXPECT_EQ(db.scalar("SELECT to_regprocedure('" + q("enqueue") + "(text, jsonb, text, int, timestamptz, int)') IS NULL"),
