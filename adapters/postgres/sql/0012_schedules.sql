@@ -1,4 +1,4 @@
--- tenure migration 11: periodic (cron) schedules.
+-- tenure migration 12: periodic (cron) schedules.
 --
 -- A schedule is a row: a name, a standard 5-field cron expression read in a time zone, and the job
 -- (kind, args, queue) each of its slots enqueues. The database parses the expression and computes
@@ -426,10 +426,17 @@ BEGIN
        WHERE sc.name = s.name AND (sc.last_slot IS NULL OR sc.last_slot < slot);
       IF FOUND THEN
         -- >>> The one place a schedule slot becomes a job. <<<
+        -- The slot's unique key (schedule:<slot>:<name>, the name hashed when the key would pass
+        -- 255 bytes) makes a second enqueue of the slot return the first job while it is live.
         v_job := @schema@.enqueue(s.kind, s.args, s.queue, 2, NULL, 25,
                                   jsonb_build_object('schedule', s.name,
                                                      'slot', to_char(slot AT TIME ZONE 'UTC',
-                                                                     'YYYY-MM-DD"T"HH24:MI:SS"Z"')));
+                                                                     'YYYY-MM-DD"T"HH24:MI:SS"Z"')),
+                                  CASE WHEN octet_length(s.name) <= 200
+                                       THEN 'schedule:' || to_char(slot AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+                                            || ':' || s.name
+                                       ELSE 'schedule:' || to_char(slot AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+                                            || ':md5:' || md5(s.name) END);
         UPDATE @schema@.schedules sc SET last_job_id = v_job WHERE sc.name = s.name;
         n := n + 1;
       END IF;
