@@ -240,6 +240,7 @@ DECLARE
   lim_take int := claim_attempts.max_jobs;  -- the most this claim may take
   lim_tokens double precision;              -- the refilled bucket, when rate_per_second is set
   lim_at timestamptz;
+  lim_aged bigint[];                        -- priority_aging: the candidates, locked
 BEGIN
   IF claim_attempts.queue IS NULL THEN
     RAISE EXCEPTION 'tenure.claim: queue must not be NULL' USING ERRCODE = '22023';
@@ -265,29 +266,33 @@ BEGIN
               WHERE d.queue = claim_attempts.queue AND d.run_at <= now()) THEN
     PERFORM @schema@.promote_due(claim_attempts.queue, 1000);
   END IF;
+  -- priority_aging: the first lim_take of each priority (locked), the lim_take of best effective
+  -- priority among them. A statement of its own, so the claim below plans nothing more without it.
+  IF lim_aging IS NOT NULL THEN
+    lim_aged := ARRAY(SELECT c.id
+                        FROM generate_series(1, 4) AS l(priority)
+                       CROSS JOIN LATERAL (
+                             SELECT p.id, p.priority, greatest(p.run_at, p.created_at) AS since
+                               FROM @schema@.ready p
+                              WHERE p.queue = claim_attempts.queue AND p.priority = l.priority
+                              ORDER BY p.id
+                              LIMIT lim_take
+                              FOR UPDATE SKIP LOCKED) c
+                       ORDER BY greatest(1, c.priority - floor(greatest(0, extract(epoch FROM now() - c.since))
+                                                               / extract(epoch FROM lim_aging))),
+                                c.id
+                       LIMIT lim_take);
+  END IF;
   RETURN QUERY
   WITH moved AS (
     DELETE FROM @schema@.ready r
-     WHERE r.id = ANY (ARRAY(SELECT p.id FROM @schema@.ready p
-                              WHERE lim_aging IS NULL AND p.queue = claim_attempts.queue
-                              ORDER BY p.priority, p.id
-                              LIMIT lim_take
-                              FOR UPDATE SKIP LOCKED)
-                       -- priority_aging: the first lim_take of each priority, by effective priority
-                       || ARRAY(SELECT c.id
-                                  FROM generate_series(1, 4) AS l(priority)
-                                 CROSS JOIN LATERAL (
-                                       SELECT p.id, p.priority, greatest(p.run_at, p.created_at) AS since
-                                         FROM @schema@.ready p
-                                        WHERE p.queue = claim_attempts.queue AND p.priority = l.priority
-                                        ORDER BY p.id
+     WHERE r.id = ANY (CASE WHEN lim_aging IS NULL
+                            THEN ARRAY(SELECT p.id FROM @schema@.ready p
+                                        WHERE p.queue = claim_attempts.queue
+                                        ORDER BY p.priority, p.id
                                         LIMIT lim_take
-                                        FOR UPDATE SKIP LOCKED) c
-                                 WHERE lim_aging IS NOT NULL
-                                 ORDER BY greatest(1, c.priority - floor(greatest(0, extract(epoch FROM now() - c.since))
-                                                                         / extract(epoch FROM lim_aging))),
-                                          c.id
-                                 LIMIT lim_take))
+                                        FOR UPDATE SKIP LOCKED)
+                            ELSE lim_aged END)
     RETURNING r.*
   ), opened AS (
     INSERT INTO @schema@.receipts (job_id, run_lease, queue, kind, args, priority, attempt,
