@@ -1,5 +1,6 @@
 #include "tenure/postgres/store.hpp"
 
+#include <cmath>
 #include <condition_variable>
 #include <mutex>
 
@@ -602,6 +603,18 @@ result<void> store::update_queue(std::string_view queue, const queue_changes& c)
   if (c.retain_completed) settings["retain_completed"] = us(*c.retain_completed);
   if (c.retain_cancelled) settings["retain_cancelled"] = us(*c.retain_cancelled);
   if (c.retain_failed) settings["retain_failed"] = us(*c.retain_failed);
+  auto or_null = [](const auto& v) { return v ? nlohmann::json(*v) : nlohmann::json(); };
+  // JSON has no NaN or infinity (nlohmann would write null, which clears the setting).
+  for (const auto* x : {&c.rate_per_second, &c.rate_burst}) {
+    if (*x && **x && !std::isfinite(***x)) {
+      return error{errc::invalid_argument, x == &c.rate_per_second ? "rate_per_second must be a finite number"
+                                                                  : "rate_burst must be a finite number"};
+    }
+  }
+  if (c.max_running) settings["max_running"] = or_null(*c.max_running);
+  if (c.rate_per_second) settings["rate_per_second"] = or_null(*c.rate_per_second);
+  if (c.rate_burst) settings["rate_burst"] = or_null(*c.rate_burst);
+  if (c.priority_aging) settings["priority_aging"] = *c.priority_aging ? us(**c.priority_aging) : nlohmann::json();
   TENURE_TRYV(impl_->run(impl_->st.update_queue, {text(queue), settings.dump()}, effect::write));
   return success();
 }

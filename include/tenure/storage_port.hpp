@@ -106,6 +106,11 @@ struct queue_changes {
   std::optional<std::chrono::microseconds> retain_completed;
   std::optional<std::chrono::microseconds> retain_cancelled;
   std::optional<std::chrono::microseconds> retain_failed;
+  /// Limits and aging (PostgreSQL; README "Limits and priority aging"); inner nullopt clears.
+  std::optional<std::optional<std::int32_t>> max_running;  ///< open attempts at once, all processes
+  std::optional<std::optional<double>> rate_per_second;    ///< claims per second, all processes
+  std::optional<std::optional<double>> rate_burst;         ///< the token bucket's size [max(1, rate)]
+  std::optional<std::optional<std::chrono::microseconds>> priority_aging;  ///< one priority level per interval waited
 };
 
 /// The port. See the file comment for the rules every method follows.

@@ -8,6 +8,12 @@
 // And a frozen maintenance leader (SIGSTOP) does not stop the rescue of a dead worker's attempts:
 // its lease expires, a live worker takes it over and rescues them within the documented bound;
 // the old leader, woken, does nothing as leader.
+//
+// And the queue limits hold across processes: with max_running = N three workers never run more
+// than N attempts at once (spans recorded by the handlers, and the open receipts sampled), and
+// with rate_per_second = R their claims over any span of T seconds stay within the token bucket
+// (burst + R x T; each claimed job with the time its claim refilled the bucket, recorded by
+// triggers) while reaching about R.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -483,6 +489,114 @@ TEST_F(multiprocess_pg, a_killed_leader_leaves_no_lock_or_lease_behind) {
                         "WHERE l.locktype = 'advisory' AND a.application_name LIKE 'tenure-mp-%'"),
             0)
       << "leadership must not be a session lock";
+}
+
+// ---- queue limits across processes ---------------------------------------------------------------
+
+class queue_limits_mp : public multiprocess_pg {
+ protected:
+  void SetUp() override {
+    multiprocess_pg::SetUp();
+    db_.exec("CREATE TABLE " + s("spans") +
+             " (job_id bigint NOT NULL, worker text NOT NULL, started_at timestamptz NOT NULL,"
+             "  ended_at timestamptz NOT NULL)");
+  }
+  void enqueue_spans(int n) {
+    db_.exec("SELECT count(*) FROM " + s("enqueue_batch") +
+                 "(array_fill('span'::text, ARRAY[$1::int]), array_fill('{}'::jsonb, ARRAY[$1::int]), "
+                 "array_fill('default'::text, ARRAY[$1::int]), array_fill(2, ARRAY[$1::int]))",
+             {std::to_string(n)});
+  }
+  void start_three() {
+    workers_.reserve(3);
+    for (const char* name : {"w1", "w2", "w3"}) spawn(name);
+    for (auto& w : workers_) wait_ready(w);
+  }
+  /// SIGTERM to every worker, then each must stop cleanly.
+  void stop_all() {
+    for (auto& w : workers_) ::kill(w.pid, SIGTERM);
+    for (auto& w : workers_) {
+      EXPECT_TRUE(reap(w, 30s)) << w.name;
+      EXPECT_TRUE(exited_with(w, 0)) << w.name << ": " << describe_status(w);
+    }
+  }
+};
+
+TEST_F(queue_limits_mp, three_processes_never_run_more_than_max_running_attempts_at_once_and_drain_the_queue) {
+  constexpr int k_limit = 3, k_span_jobs = 150;
+  db_.exec("SELECT " + s("configure_queue") + "('default', '{\"max_running\": 3}')");
+  enqueue_spans(k_span_jobs);
+  start_three();
+  // Sample the queue's open attempts while the three processes drain it.
+  long most_open = 0;
+  ASSERT_TRUE(poll_until(
+      [&] {
+        most_open = std::max(most_open, scalar_long("SELECT count(*) FROM " + s("receipts") + " WHERE queue = 'default'"));
+        return scalar_long("SELECT count(*) FROM " + s("done")) == k_span_jobs;
+      },
+      60s, 1ms))
+      << "the queue did not drain: " << scalar_long("SELECT count(*) FROM " + s("done")) << " done";
+  stop_all();
+  EXPECT_LE(most_open, k_limit) << "open attempts sampled above max_running";
+  // The spans the handlers recorded: at the start of each, how many were running.
+  const long most_running = scalar_long(
+      "SELECT max((SELECT count(*) FROM " + s("spans") + " b WHERE b.started_at <= a.started_at AND b.ended_at > a.started_at)) "
+      "FROM " + s("spans") + " a");
+  EXPECT_LE(most_running, k_limit) << "handlers ran above max_running";
+  EXPECT_GE(most_running, 2) << "the limit was never approached: the test proves little";
+  EXPECT_EQ(scalar_long("SELECT count(DISTINCT job_id) FROM " + s("spans")), k_span_jobs);
+  EXPECT_GE(scalar_long("SELECT count(DISTINCT worker) FROM " + s("spans")), 2) << "one process did all the work";
+}
+
+TEST_F(queue_limits_mp, three_processes_claim_within_the_token_bucket_and_reach_about_the_rate) {
+  constexpr double k_rate = 20, k_burst = 20;  // the default burst: max(1, rate)
+  // Every claimed job with the time its claim refilled the bucket: triggers log the claim's
+  // transaction for each receipt opened and for each write of the bucket.
+  db_.exec("CREATE TABLE " + s("claim_log") + " (job_id bigint NOT NULL, tx bigint NOT NULL DEFAULT txid_current())");
+  db_.exec("CREATE TABLE " + s("bucket_log") + " (tx bigint NOT NULL DEFAULT txid_current(), at timestamptz NOT NULL)");
+  db_.exec("CREATE FUNCTION " + s("log_claim") + "() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO " +
+           s("claim_log") + " (job_id) VALUES (NEW.job_id); RETURN NULL; END $$");
+  db_.exec("CREATE TRIGGER log_claim AFTER INSERT ON " + s("receipts") + " FOR EACH ROW EXECUTE FUNCTION " +
+           s("log_claim") + "()");
+  db_.exec("CREATE FUNCTION " + s("log_bucket") + "() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO " +
+           s("bucket_log") + " (at) VALUES (NEW.rate_refilled_at); RETURN NULL; END $$");
+  db_.exec("CREATE TRIGGER log_bucket AFTER UPDATE OF rate_refilled_at ON " + s("queues") +
+           " FOR EACH ROW WHEN (NEW.rate_refilled_at IS NOT NULL) EXECUTE FUNCTION " + s("log_bucket") + "()");
+  db_.exec("SELECT " + s("configure_queue") + "('default', '{\"rate_per_second\": 20}')");
+  enqueue_spans(400);  // more than 3 s can take
+  start_three();
+  ASSERT_TRUE(poll_until(
+      [&] {
+        return db_.scalar("SELECT coalesce(extract(epoch FROM clock_timestamp() - min(at)), 0) >= 3 FROM " +
+                          s("bucket_log")) == "t";
+      },
+      30s))
+      << "no claims";
+  stop_all();
+  std::vector<double> t;
+  for (const auto& row : db_.exec("SELECT extract(epoch FROM b.at) FROM " + s("claim_log") + " c JOIN " + s("bucket_log") +
+                                  " b USING (tx) ORDER BY b.at")
+                             .rows) {
+    t.push_back(std::stod(*row[0]));
+  }
+  ASSERT_FALSE(t.empty());
+  // Over every span [t_i, t_j] of bucket times: at most burst + rate x span claims.
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    for (std::size_t j = i; j < t.size(); ++j) {
+      const double allowed = k_burst + k_rate * (t[j] - t[i]) + 1e-6;
+      ASSERT_LE(static_cast<double>(j - i + 1), allowed)
+          << (j - i + 1) << " claims within " << (t[j] - t[i]) << " s (claims " << i << ".." << j << ")";
+    }
+  }
+  // And the rate is reached, roughly: beyond the burst, at least half of rate x span.
+  const double span = t.back() - t.front();
+  EXPECT_GE(span, 2.5);
+  EXPECT_GE(static_cast<double>(t.size()) - k_burst, 0.5 * k_rate * span) << t.size() << " claims in " << span << " s";
+  EXPECT_EQ(scalar_long("SELECT count(*) FROM " + s("jobs") + " WHERE state IN ('available', 'completed')"), 400);
+  EXPECT_EQ(scalar_long("SELECT count(*) FROM " + s("claim_log") + " c WHERE NOT EXISTS (SELECT 1 FROM " + s("bucket_log") +
+                        " b WHERE b.tx = c.tx)"),
+            0)
+      << "every claim wrote the bucket";
 }
 
 }  // namespace

@@ -111,8 +111,9 @@ TEST_F(operators_pg, configure_queue_refuses_unknown_keys_and_bad_values_with_22
   const auto set = db_.scalar("SELECT " + s("configure_queue") +
                               "('mail', '{\"retain_completed\": \"90s\", \"retain_failed\": \"1 day 2 hours\", "
                               "\"hard_deadline\": \"15m\", \"backoff_cap\": \"2h\", \"dead_letter\": true}')::text");
-  EXPECT_EQ(set, R"({"backoff_cap": "2h", "dead_letter": true, "backoff_base": "1s", "hard_deadline": "15m", )"
-                 R"("retain_failed": "26h", "retain_cancelled": "1d", "retain_completed": "90s"})");
+  EXPECT_EQ(set, R"({"rate_burst": null, "backoff_cap": "2h", "dead_letter": true, "max_running": null, )"
+                 R"("backoff_base": "1s", "hard_deadline": "15m", "retain_failed": "26h", "priority_aging": null, )"
+                 R"("rate_per_second": null, "retain_cancelled": "1d", "retain_completed": "90s"})");
   const auto before = queue_row("mail");
   for (const std::string bad : {
            R"({"retain_completed": "90s", "retain_forever": true})",  // an unknown key next to a good one

@@ -5,7 +5,10 @@
 // execution in <schema>.executions (job_id, run_lease, worker) through its own libpq connection
 // (one per handler thread), commits that row, works 1-3 ms, then reports the job completed.
 // Kind "hold" records its execution the same way, then holds its first attempt (run lease 1) for
-// up to 60 s or until it is cancelled; later attempts complete at once. With "no-maintenance"
+// up to 60 s or until it is cancelled; later attempts complete at once. Kind "span" works 20 ms,
+// then records the span it ran in <schema>.spans (job_id, worker, started_at, ended_at; the
+// database's clock, the start being the end minus the span measured here), then completes: the
+// span lies inside the attempt's claim and completion. With "no-maintenance"
 // the process never takes the maintenance lease. Every session of the process (runtime and
 // handlers) is named tenure-mp-<WORKER_NAME>.
 //
@@ -39,11 +42,19 @@ class exec_recorder {
  public:
   exec_recorder(std::string dsn, std::string schema, std::string worker, std::string application_name)
       : dsn_(std::move(dsn)), worker_(std::move(worker)), app_(std::move(application_name)),
-        sql_("INSERT INTO " + schema + ".executions (job_id, run_lease, worker) VALUES ($1::bigint, $2::bigint, $3)") {}
+        sql_("INSERT INTO " + schema + ".executions (job_id, run_lease, worker) VALUES ($1::bigint, $2::bigint, $3)"),
+        span_sql_("INSERT INTO " + schema + ".spans (job_id, worker, started_at, ended_at) VALUES ($1::bigint, $3, "
+                  "clock_timestamp() - $2::bigint * interval '1 microsecond', clock_timestamp())") {}
 
   /// Inserts and commits one execution row; throws when it could not (the runtime then retries
   /// the job, which is what a real handler failing its effect looks like).
-  void record(std::int64_t job_id, std::int64_t run_lease) const {
+  void record(std::int64_t job_id, std::int64_t run_lease) const { run(sql_, job_id, run_lease); }
+
+  /// Inserts and commits one span row: it ended now and lasted `us` microseconds.
+  void span(std::int64_t job_id, std::int64_t us) const { run(span_sql_, job_id, us); }
+
+ private:
+  void run(const std::string& sql, std::int64_t a, std::int64_t b) const {
     struct conn_holder {
       PGconn* c = nullptr;
       ~conn_holder() {
@@ -64,21 +75,21 @@ class exec_recorder {
         throw std::runtime_error("executions: cannot connect: " + msg);
       }
     }
-    const std::string id = std::to_string(job_id), lease = std::to_string(run_lease);
-    const char* values[] = {id.c_str(), lease.c_str(), worker_.c_str()};
+    const std::string first = std::to_string(a), second = std::to_string(b);
+    const char* values[] = {first.c_str(), second.c_str(), worker_.c_str()};
     // BEGIN; INSERT; COMMIT as one autocommit statement: the row is durable when this returns.
-    PGresult* r = PQexecParams(conn.c, sql_.c_str(), 3, nullptr, values, nullptr, nullptr, 0);
+    PGresult* r = PQexecParams(conn.c, sql.c_str(), 3, nullptr, values, nullptr, nullptr, 0);
     const bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
     std::string err = ok ? "" : PQresultErrorMessage(r);
     PQclear(r);
-    if (!ok) throw std::runtime_error("executions insert failed: " + err);
+    if (!ok) throw std::runtime_error("insert failed: " + err);
   }
 
- private:
   std::string dsn_;
   std::string worker_;
   std::string app_;
   std::string sql_;
+  std::string span_sql_;
 };
 
 }  // namespace
@@ -136,6 +147,14 @@ int main(int argc, char** argv) {
     // executed (their row is committed) but are not completed yet, which a crash makes run again.
     thread_local std::mt19937 rng{std::random_device{}()};
     std::this_thread::sleep_for(std::chrono::microseconds{1000 + rng() % 2000});
+    return tenure::job_outcome::completed();
+  });
+
+  rt->handle("span", [&recorder](tenure::job_context& ctx) {
+    const auto began = std::chrono::steady_clock::now();
+    std::this_thread::sleep_for(20ms);
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - began);
+    recorder.span(ctx.job_id(), us.count());
     return tenure::job_outcome::completed();
   });
 

@@ -612,13 +612,15 @@ TEST_F(cli_pg, queue_list_prints_paused_settings_counts_and_the_oldest_available
                  "failed 0, cancelled 0\n"
                  "  oldest available job  [0-9]+\\.[0-9]s\n"
                  "  settings  dead_letter off, hard_deadline none, backoff_base 1s, backoff_cap 1h, "
-                 "retain_completed 1d, retain_cancelled 1d, retain_failed 7d\n"
+                 "retain_completed 1d, retain_cancelled 1d, retain_failed 7d, max_running none, rate_per_second none, "
+                 "rate_burst none, priority_aging none\n"
                  "queue sms  running\n"
                  "  jobs      scheduled 0, available 0, running 1, waiting_external 0, retryable 0, completed 0, "
                  "failed 0, cancelled 0\n"
                  "  oldest available job  -\n"
                  "  settings  dead_letter on, hard_deadline none, backoff_base 1s, backoff_cap 1h, "
-                 "retain_completed 2h, retain_cancelled 1d, retain_failed 7d\n"}))
+                 "retain_completed 2h, retain_cancelled 1d, retain_failed 7d, max_running none, rate_per_second none, "
+                 "rate_burst none, priority_aging none\n"}))
       << text;
 
   auto json = tenure({"queue", "list", "--json"});
@@ -665,7 +667,8 @@ TEST_F(cli_pg, queue_configure_changes_only_what_is_given_and_refuses_bad_values
   expect_success(r);
   EXPECT_EQ(r.out, "queue mail configured\n"
                    "  settings  dead_letter off, hard_deadline 15m, backoff_base 250ms, backoff_cap 1h, "
-                   "retain_completed 1d, retain_cancelled 1d, retain_failed 30d\n");
+                   "retain_completed 1d, retain_cancelled 1d, retain_failed 30d, max_running none, "
+                   "rate_per_second none, rate_burst none, priority_aging none\n");
   const std::string before = *db_->exec("SELECT row_to_json(q)::text FROM " + schema_ + ".queues q WHERE name = 'mail'");
   expect_one_error_line(tenure({"queue", "configure", "mail", "--retain-failed", "7 days"}), 2,
                         "--retain-failed: '7 days' is not a duration");
@@ -682,6 +685,45 @@ TEST_F(cli_pg, queue_configure_changes_only_what_is_given_and_refuses_bad_values
   EXPECT_EQ(db_->exec("SELECT hard_deadline IS NULL AND retain_completed = '0' FROM " + schema_ +
                       ".queues WHERE name = 'mail'"),
             "t");
+}
+
+TEST_F(cli_pg, queue_configure_sets_and_clears_limits_and_aging_and_queue_list_shows_them) {
+  migrate();
+  auto r = tenure({"queue", "configure", "mail", "--max-running", "5", "--rate-per-second", "0.5", "--rate-burst", "3",
+                   "--priority-aging", "90s"});
+  expect_success(r);
+  EXPECT_EQ(r.out, "queue mail configured\n"
+                   "  settings  dead_letter off, hard_deadline none, backoff_base 1s, backoff_cap 1h, "
+                   "retain_completed 1d, retain_cancelled 1d, retain_failed 7d, max_running 5, "
+                   "rate_per_second 0.5, rate_burst 3, priority_aging 90s\n");
+  const std::string before = *db_->exec("SELECT row_to_json(q)::text FROM " + schema_ + ".queues q WHERE name = 'mail'");
+  expect_one_error_line(tenure({"queue", "configure", "mail", "--max-running", "0"}), 2,
+                        "--max-running: '0' is out of range: must be a whole number from 1 to 2147483647 (or none)");
+  expect_one_error_line(tenure({"queue", "configure", "mail", "--max-running", "2.5"}), 2, "--max-running");
+  expect_one_error_line(tenure({"queue", "configure", "mail", "--rate-per-second", "0"}), 2,
+                        "--rate-per-second: '0' must be positive (or none, for no limit)");
+  expect_one_error_line(tenure({"queue", "configure", "mail", "--rate-per-second", "nan"}), 2, "--rate-per-second");
+  expect_one_error_line(tenure({"queue", "configure", "mail", "--rate-burst", "0.5"}), 2, "--rate-burst");
+  expect_one_error_line(tenure({"queue", "configure", "mail", "--priority-aging", "0s"}), 2,
+                        "priority aging must be positive");
+  EXPECT_EQ(*db_->exec("SELECT row_to_json(q)::text FROM " + schema_ + ".queues q WHERE name = 'mail'"), before)
+      << "nothing changed";
+
+  auto json = tenure({"queue", "list", "--json"});
+  expect_success(json);
+  const auto settings = nlohmann::json::parse(json.out)["queues"][0]["settings"];
+  EXPECT_EQ(settings["max_running"], 5);
+  EXPECT_EQ(settings["rate_per_second"], 0.5);
+  EXPECT_EQ(settings["rate_burst"], 3);
+  EXPECT_EQ(settings["priority_aging"], "90s");
+
+  expect_success(tenure({"queue", "configure", "mail", "--max-running", "none", "--rate-per-second", "none",
+                         "--rate-burst", "none", "--priority-aging", "none"}));
+  auto text = tenure({"queue", "list"});
+  expect_success(text);
+  EXPECT_NE(text.out.find("max_running none, rate_per_second none, rate_burst none, priority_aging none\n"),
+            std::string::npos)
+      << text;
 }
 
 TEST_F(cli_pg, maintain_once_rescues_a_stale_attempt_as_leader_and_releases_the_lease) {

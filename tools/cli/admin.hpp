@@ -20,7 +20,8 @@ using ordered_json = nlohmann::ordered_json;
 
 /// The settings keys and job states in the order they are shown.
 inline constexpr const char* k_setting_keys[] = {"dead_letter",      "hard_deadline",    "backoff_base", "backoff_cap",
-                                                 "retain_completed", "retain_cancelled", "retain_failed"};
+                                                 "retain_completed", "retain_cancelled", "retain_failed",
+                                                 "max_running",      "rate_per_second",  "rate_burst",   "priority_aging"};
 inline constexpr const char* k_state_keys[] = {"scheduled", "available", "running",  "waiting_external",
                                                "retryable", "completed", "failed",   "cancelled"};
 

@@ -1,7 +1,8 @@
 // tenure queue list [--json] | queue pause QUEUE | queue resume QUEUE
 // tenure queue configure QUEUE [--retain-completed D] [--retain-cancelled D] [--retain-failed D]
 //                              [--dead-letter on|off] [--hard-deadline D|none] [--backoff-base D]
-//                              [--backoff-cap D]
+//                              [--backoff-cap D] [--max-running N|none] [--rate-per-second R|none]
+//                              [--rate-burst B|none] [--priority-aging D|none]
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -13,6 +14,7 @@
 
 #include "cli/admin.hpp"
 #include "cli/commands.hpp"
+#include "cli/number_text.hpp"
 #include "cli/pg_session.hpp"
 #include "cli/time_text.hpp"
 
@@ -116,6 +118,7 @@ struct configure_options {
   std::string queue;
   std::string retain_completed, retain_cancelled, retain_failed, dead_letter, hard_deadline, backoff_base,
       backoff_cap;
+  std::string max_running, rate_per_second, rate_burst, priority_aging;  // "none" clears
 };
 
 int run_configure(const context& ctx, const configure_options& o) {
@@ -131,10 +134,17 @@ int run_configure(const context& ctx, const configure_options& o) {
   if (!o.retain_completed.empty()) settings["retain_completed"] = duration(o.retain_completed);
   if (!o.retain_cancelled.empty()) settings["retain_cancelled"] = duration(o.retain_cancelled);
   if (!o.retain_failed.empty()) settings["retain_failed"] = duration(o.retain_failed);
+  // Limits and aging: "none" is JSON null (clears); numbers were checked by CLI11 already.
+  auto none_or = [](const std::string& text, auto value) { return text == "none" ? ordered_json() : ordered_json(value(text)); };
+  if (!o.max_running.empty()) settings["max_running"] = none_or(o.max_running, [](const std::string& t) { return std::stoll(t); });
+  if (!o.rate_per_second.empty()) settings["rate_per_second"] = none_or(o.rate_per_second, [](const std::string& t) { return std::stod(t); });
+  if (!o.rate_burst.empty()) settings["rate_burst"] = none_or(o.rate_burst, [](const std::string& t) { return std::stod(t); });
+  if (!o.priority_aging.empty()) settings["priority_aging"] = o.priority_aging == "none" ? ordered_json() : duration(o.priority_aging);
   if (settings.empty()) {
     throw command_error(
         "nothing to change: give at least one of --retain-completed, --retain-cancelled, --retain-failed, "
-        "--dead-letter, --hard-deadline, --backoff-base, --backoff-cap",
+        "--dead-letter, --hard-deadline, --backoff-base, --backoff-cap, --max-running, --rate-per-second, "
+        "--rate-burst, --priority-aging",
         k_exit_usage);
   }
   const std::string name = "queue " + printable(o.queue);
@@ -153,6 +163,27 @@ std::string check_deadline(const std::string& text) {
   if (text == "none") return {};
   if (auto reason = check_duration(text); !reason.empty()) return reason + " (or none)";
   if (parse_duration(text)->count() == 0) return "a hard deadline must be positive (or none, for no deadline)";
+  return {};
+}
+
+std::string check_aging(const std::string& text) {
+  if (text == "none") return {};
+  if (auto reason = check_duration(text); !reason.empty()) return reason + " (or none)";
+  if (parse_duration(text)->count() == 0) return "priority aging must be positive (or none, for no aging)";
+  return {};
+}
+
+std::string check_max_running(const std::string& text) {
+  if (text == "none") return {};
+  if (auto reason = check_integer(text, 1, 2147483647); !reason.empty()) return reason + " (or none)";
+  return {};
+}
+
+/// A rate or burst: a plain number from `min` (exclusive when `min` is 0) to 1,000,000, or none.
+std::string check_rate(const std::string& text, double min, const std::string& unit) {
+  if (text == "none") return {};
+  if (auto reason = check_number(text, min, 1'000'000, unit); !reason.empty()) return reason + " (or none)";
+  if (std::stod(text) <= 0) return "'" + text + "' must be positive (or none, for no limit)";
   return {};
 }
 
@@ -192,6 +223,18 @@ void register_queue(CLI::App& app, context& ctx) {
   configure->add_option("--hard-deadline", o->hard_deadline, "Rescue attempts running longer than D (none: no limit)")
       ->type_name("D|none")
       ->check(check_deadline, "D|none");
+  configure->add_option("--max-running", o->max_running, "Attempts of the queue running at once, all processes (none: no limit)")
+      ->type_name("N|none")
+      ->check(check_max_running, "N|none");
+  configure->add_option("--rate-per-second", o->rate_per_second, "Claims per second, all processes; may be fractional (none: no limit)")
+      ->type_name("R|none")
+      ->check([](const std::string& t) { return check_rate(t, 0, "claims per second"); }, "R|none");
+  configure->add_option("--rate-burst", o->rate_burst, "Claims the rate allows at once after a quiet spell (none: max(1, rate))")
+      ->type_name("B|none")
+      ->check([](const std::string& t) { return check_rate(t, 1, "claims"); }, "B|none");
+  configure->add_option("--priority-aging", o->priority_aging, "An available job gains one priority level per D waited (none: no aging)")
+      ->type_name("D|none")
+      ->check(check_aging, "D|none");
   configure->callback([&ctx, o] { ctx.run = [&ctx, o] { return run_configure(ctx, *o); }; });
 }
 

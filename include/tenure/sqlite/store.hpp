@@ -14,6 +14,11 @@
 /// serialisation is the fake's honest stand-in for PostgreSQL's row locks and
 /// `FOR UPDATE SKIP LOCKED`: concurrent claimers never share a job, and a completion and a rescue
 /// of one attempt can never both apply.
+///
+/// Queue limits and priority aging (`max_running`, `rate_per_second`, `rate_burst`,
+/// `priority_aging`) exist only in PostgreSQL: this store has no `update_queue` (it answers
+/// errc::unsupported, the port's default) and its `configure_queue` takes a `queue_settings`,
+/// which carries none of them. So its claims are never limited and order by priority alone.
 #include <chrono>
 #include <cstdint>
 #include <memory>
