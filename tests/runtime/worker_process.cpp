@@ -5,7 +5,10 @@
 // execution in <schema>.executions (job_id, run_lease, worker) through its own libpq connection
 // (one per handler thread), commits that row, works 1-3 ms, then reports the job completed.
 // Kind "hold" records its execution the same way, then holds its first attempt (run lease 1) for
-// up to 60 s or until it is cancelled; later attempts complete at once. With "no-maintenance"
+// up to 60 s or until it is cancelled; later attempts complete at once. Kind "park" records its
+// execution, then registers a callback (timeout 60 s) and parks on it (job_outcome::park); the
+// continuation (resumed_with() set) records its execution again and completes with the payload
+// as its progress. With "no-maintenance"
 // the process never takes the maintenance lease. Every session of the process (runtime and
 // handlers) is named tenure-mp-<WORKER_NAME>.
 //
@@ -143,6 +146,14 @@ int main(int argc, char** argv) {
     recorder.record(ctx.job_id(), ctx.run_lease());
     if (ctx.run_lease() == 1) ctx.wait_cancelled(60s);
     return tenure::job_outcome::completed();
+  });
+
+  rt->handle("park", [&recorder](tenure::job_context& ctx) {
+    recorder.record(ctx.job_id(), ctx.run_lease());
+    if (auto payload = ctx.resumed_with()) return tenure::job_outcome::completed(*payload);
+    auto cb = ctx.register_callback(60s);
+    if (!cb) return tenure::job_outcome::retry("register_callback: " + cb.error().message());
+    return tenure::job_outcome::park(cb.value());
   });
 
   std::atomic<std::uint64_t> completed{0};
