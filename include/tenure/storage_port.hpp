@@ -128,8 +128,10 @@ class storage_port {
 
   // ---- workers ----------------------------------------------------------------------------
   /// Claims up to `max_jobs` available jobs of `queue` (priority, then FIFO), advancing each
-  /// one's run lease by one and its attempt count by one. Due scheduled/retryable jobs of the
-  /// queue are promoted first. Concurrent callers never receive the same job.
+  /// one's run lease by one and its attempt count by one, except a resumed parked attempt
+  /// (`park_callback`), which keeps both and comes back with `resumed_with` set. Every claim
+  /// draws a new secret. Due scheduled/retryable jobs of the queue are promoted first.
+  /// Concurrent callers never receive the same job.
   virtual result<std::vector<claimed_attempt>> claim(std::string_view queue, int max_jobs,
                                                      std::string_view worker) = 0;
   /// The same claim, plus the wake-up bookkeeping of a named worker: a non-empty claim removes
