@@ -319,6 +319,7 @@ grant_list grants_of(grant_kind kind) {
                        "attempt_checkpoint(bigint, bigint)",
                        "register_callback(bigint, bigint, interval)",
                        "await_callback(bigint, bigint, uuid)",
+                       "park_callback(bigint, bigint, uuid)",
                        "worker_idle(text, text)",
                        "worker_busy(text, text)",
                        "queue_depths()"};

@@ -32,7 +32,7 @@ struct statements {
                           "$5::timestamptz[], $6::int[], $7::jsonb[], $8::text[]) ORDER BY ord"},
         claim{"tenure_claim", "SELECT job_id, run_lease, kind, args::text, attempt, max_attempts, " +
                                   epoch_us("deadline_at") + ", encode(uuid_send(secret), 'hex'), metadata::text, " +
-                                  epoch_us("available_at") + " FROM " + s +
+                                  epoch_us("available_at") + ", resume_payload::text FROM " + s +
                                   ".claim_attempts($1, $2::int, $3, $4)"},
         heartbeat{"tenure_heartbeat", "SELECT job_id, run_lease FROM " + s +
                                           ".heartbeat_batch($1::bigint[], $2::bigint[], $3::jsonb[])"},
@@ -49,6 +49,8 @@ struct statements {
                           "SELECT " + s + ".register_callback($1::bigint, $2::bigint, $3::interval)::text"},
         await_callback{"tenure_await_callback", "SELECT status, payload::text FROM " + s +
                                                     ".await_callback($1::bigint, $2::bigint, $3::uuid)"},
+        park_callback{"tenure_park_callback",
+                      "SELECT " + s + ".park_callback($1::bigint, $2::bigint, $3::uuid)"},
         resume_callback{"tenure_resume_callback", "SELECT " + s + ".resume_callback($1::uuid, $2::jsonb)"},
         extend_callback{"tenure_extend_callback", "SELECT " + s + ".extend_callback($1::uuid, $2::interval)"},
         complete_callback{"tenure_complete_callback",
@@ -85,7 +87,7 @@ struct statements {
                                                 epoch_us("oldest_available") + " FROM " + s + ".queue_depths()"} {}
 
   statement enqueue, enqueue_batch, claim, heartbeat, complete, fail, snooze, cancel_attempt, checkpoint, register_callback,
-      await_callback, resume_callback, extend_callback, complete_callback, fail_callback, cancel_job,
+      await_callback, park_callback, resume_callback, extend_callback, complete_callback, fail_callback, cancel_job,
       retry_job, read_job, rescue, promote, maintain, evidence, evidence_batch, version, configure_queue,
       pause_queue, resume_queue, update_queue, queue_depths;
 };
@@ -309,6 +311,7 @@ result<std::vector<claimed_attempt>> store::claim(std::string_view queue, int ma
     a.secret = secret.value();
     a.metadata = std::string{rows.text(i, 8)};
     if (!rows.is_null(i, 9)) a.available_at = detail::from_epoch_us(rows.int64(i, 9));
+    a.resumed_with = rows.opt_text(i, 10);  // set only for the continuation of a parked attempt
     out.push_back(std::move(a));
   }
   return out;
@@ -439,6 +442,15 @@ result<callback_poll> store::await_callback(attempt_id attempt, std::string_view
   p.resumed = rows.text(0, 0) == "resumed";
   if (p.resumed) p.payload = rows.opt_text(0, 1).value_or(std::string{"{}"});
   return p;
+}
+
+result<park_result> store::park_callback(attempt_id attempt, std::string_view callback_id) {
+  if (!uuid_text(callback_id)) return errc::stale_attempt;
+  TENURE_TRY(auto rows, impl_->run(impl_->st.park_callback,
+                                   {number(attempt.job_id), number(attempt.run_lease), text(callback_id)},
+                                   effect::write));
+  if (rows.is_null(0, 0)) return errc::stale_attempt;
+  return rows.text(0, 0) == "resumed" ? park_result::resumed : park_result::parked;
 }
 
 result<bool> store::resume_callback(std::string_view callback_id, std::string_view payload_json) {

@@ -42,7 +42,7 @@ using detail::store_state;
 template <class T>
 using opt = boost::optional<T>;  // SOCI 4.0 binds boost::optional as a nullable value
 
-constexpr int k_schema_version = 4;  // 2: receipts.secret; 3: metadata; 4: job_keys
+constexpr int k_schema_version = 5;  // 2: receipts.secret; 3: metadata; 4: job_keys; 5: callbacks
 constexpr int k_max_claim = 10000;           // tenure.claim's bound
 constexpr long long k_claim_promote_batch = 1000;  // what tenure.claim_attempts promotes
 constexpr long long k_promote_batch = 10000;        // what the port's promote_due moves
@@ -66,7 +66,8 @@ const std::vector<std::string>& schema_statements() {
       " id INTEGER PRIMARY KEY, queue TEXT NOT NULL, kind TEXT NOT NULL, args TEXT NOT NULL,"
       " priority INTEGER NOT NULL, attempt INTEGER NOT NULL, max_attempts INTEGER NOT NULL,"
       " run_lease INTEGER NOT NULL, run_at INTEGER NOT NULL, created_at INTEGER NOT NULL,"
-      " last_error TEXT, progress TEXT, metadata TEXT NOT NULL DEFAULT '{}')",
+      " last_error TEXT, progress TEXT, metadata TEXT NOT NULL DEFAULT '{}',"
+      " resume_payload TEXT)",  // set: the continuation of a parked attempt (same lease)
       "CREATE INDEX ready_claim_idx ON ready (queue, priority, id)",
       "CREATE TABLE deferred ("
       " id INTEGER PRIMARY KEY, queue TEXT NOT NULL, kind TEXT NOT NULL, args TEXT NOT NULL,"
@@ -89,6 +90,12 @@ const std::vector<std::string>& schema_statements() {
       "CREATE TABLE attempt_state ("
       " job_id INTEGER NOT NULL, run_lease INTEGER NOT NULL, heartbeat_at INTEGER NOT NULL,"
       " progress TEXT, PRIMARY KEY (job_id, run_lease))",
+      // An open attempt's callback (PostgreSQL keeps it in attempt_state); times in microseconds.
+      "CREATE TABLE callbacks ("
+      " callback_id TEXT PRIMARY KEY, job_id INTEGER NOT NULL, run_lease INTEGER NOT NULL,"
+      " timeout INTEGER NOT NULL, deadline INTEGER, waiting INTEGER NOT NULL DEFAULT 0,"
+      " parked INTEGER NOT NULL DEFAULT 0, resumed INTEGER NOT NULL DEFAULT 0, payload TEXT,"
+      " UNIQUE (job_id, run_lease))",
       "CREATE TABLE done ("
       " id INTEGER PRIMARY KEY, queue TEXT NOT NULL, kind TEXT NOT NULL, args TEXT NOT NULL,"
       " state TEXT NOT NULL CHECK (state IN ('completed', 'failed', 'cancelled')),"
@@ -117,7 +124,10 @@ const std::vector<std::string>& schema_statements() {
       "        created_at, NULL, last_error, progress, 0, metadata,"
       "        (SELECT k.unique_key FROM job_keys k WHERE k.job_id = deferred.id) FROM deferred"
       " UNION ALL"
-      " SELECT r.job_id, r.queue, r.kind, r.args, 'running', r.priority, r.attempt,"
+      " SELECT r.job_id, r.queue, r.kind, r.args,"
+      "        CASE WHEN EXISTS (SELECT 1 FROM callbacks c WHERE c.job_id = r.job_id"
+      "                            AND c.run_lease = r.run_lease AND c.waiting)"
+      "             THEN 'waiting_external' ELSE 'running' END, r.priority, r.attempt,"
       "        r.max_attempts, r.run_lease, r.run_at, r.created_at, NULL, r.last_error,"
       "        coalesce(s.progress, r.progress), 0, r.metadata,"
       "        (SELECT k.unique_key FROM job_keys k WHERE k.job_id = r.job_id)"
@@ -415,6 +425,8 @@ std::optional<job_row> take_receipt(soci::session& s, attempt_id a) {
   r.progress = to_std(progress);
   s << "DELETE FROM attempt_state WHERE job_id = :job_id AND run_lease = :run_lease",
       soci::use(a.job_id, "job_id"), soci::use(a.run_lease, "run_lease");
+  s << "DELETE FROM callbacks WHERE job_id = :job_id AND run_lease = :run_lease",
+      soci::use(a.job_id, "job_id"), soci::use(a.run_lease, "run_lease");
   s << "DELETE FROM receipts WHERE job_id = :job_id AND run_lease = :run_lease",
       soci::use(a.job_id, "job_id"), soci::use(a.run_lease, "run_lease");
   return r;
@@ -575,6 +587,82 @@ bool cancel_attempt_in_tx(soci::session& s, attempt_id a, std::string_view reaso
   return true;
 }
 
+/// Fails the attempt in the caller's transaction (store::fail and fail_callback).
+result<job_state> fail_in_tx(soci::session& s, std::mt19937_64& rng, attempt_id attempt, std::string_view error,
+                             fail_disposition disposition,
+                             std::optional<std::chrono::microseconds> retry_after, std::int64_t now) {
+  auto r = take_receipt(s, attempt);
+  if (!r) return result<job_state>(errc::stale_attempt);
+  r->last_error = bound_error(error);
+  const auto policy = policy_of(s, r->queue);
+  if (disposition == fail_disposition::retry && r->attempt < r->max_attempts) {
+    const std::int64_t delay = retry_after ? std::max<std::int64_t>(retry_after->count(), 0)
+                                           : backoff_us(policy, r->attempt, rng);
+    r->run_at = saturating_add(now, delay);
+    insert(s, table::deferred, *r, "retryable");
+    return result<job_state>(job_state::retryable);
+  }
+  if (policy.dead_letter) {
+    insert(s, table::dead_letter, *r, nullptr, now);
+  } else {
+    insert(s, table::done, *r, "failed", now);
+  }
+  return result<job_state>(job_state::failed);
+}
+
+// ---- external callbacks (0002_callbacks.sql, 0011_parked_callbacks.sql) ---------------------
+
+/// The attempt is parked on its callback (a blocking waiter or a parked one).
+bool is_waiting(soci::session& s, attempt_id a) {
+  int n = 0;
+  s << "SELECT count(*) FROM callbacks WHERE job_id = :job_id AND run_lease = :run_lease AND waiting",
+      soci::into(n), soci::use(a.job_id, "job_id"), soci::use(a.run_lease, "run_lease");
+  return n > 0;
+}
+
+/// One callback row as read by its id.
+struct callback_row {
+  attempt_id attempt;
+  std::int64_t timeout = 0;
+  opt<std::int64_t> deadline;
+  bool waiting = false, parked = false, resumed = false;
+  opt<std::string> payload;
+};
+
+/// The callback `id` of a live attempt (its receipt open), or nothing.
+std::optional<callback_row> live_callback(soci::session& s, const std::string& id) {
+  callback_row c;
+  int waiting = 0, parked = 0, resumed = 0;
+  s << "SELECT c.job_id, c.run_lease, c.timeout, c.deadline, c.waiting, c.parked, c.resumed, c.payload"
+       "  FROM callbacks c JOIN receipts r ON r.job_id = c.job_id AND r.run_lease = c.run_lease"
+       " WHERE c.callback_id = :id",
+      soci::into(c.attempt.job_id), soci::into(c.attempt.run_lease), soci::into(c.timeout), soci::into(c.deadline),
+      soci::into(waiting), soci::into(parked), soci::into(resumed), soci::into(c.payload), soci::use(id);
+  if (!s.got_data()) return std::nullopt;
+  c.waiting = waiting != 0;
+  c.parked = parked != 0;
+  c.resumed = resumed != 0;
+  return c;
+}
+
+/// tenure.continue_parked: the parked attempt goes back to ready with its run lease, attempt
+/// count and latest progress, and the resume payload (its callback goes with the receipt).
+void continue_parked(soci::session& s, attempt_id a, const std::string& payload, std::int64_t now) {
+  auto r = take_receipt(s, a);
+  if (!r) return;
+  r->run_at = now;
+  insert(s, table::ready, *r);
+  s << "UPDATE ready SET resume_payload = :payload WHERE id = :id", soci::use(payload, "payload"),
+      soci::use(r->id, "id");
+}
+
+/// A fresh callback id shaped as gen_random_uuid() prints it.
+std::string draw_callback_id(std::random_device& source) {
+  const auto hex = draw_secret(source).to_string();  // 32 hex digits
+  return hex.substr(0, 8) + "-" + hex.substr(8, 4) + "-" + hex.substr(12, 4) + "-" + hex.substr(16, 4) + "-" +
+         hex.substr(20);
+}
+
 }  // namespace
 
 // ---- lifecycle ------------------------------------------------------------------------------
@@ -707,10 +795,14 @@ result<std::vector<claimed_attempt>> store::claim(std::string_view queue, int ma
     out_t claimed;
     claimed.reserve(ids.size());
     for (std::int64_t id : ids) {
+      opt<std::string> resume_payload;
+      s << "SELECT resume_payload FROM ready WHERE id = :id", soci::into(resume_payload), soci::use(id);
       auto r = take(s, table::ready, id);
       if (!r) continue;  // cannot happen under the write lock; be safe anyway
-      r->run_lease += 1;
-      r->attempt += 1;
+      if (!resume_payload) {  // the continuation of a parked attempt keeps its lease and attempt
+        r->run_lease += 1;
+        r->attempt += 1;
+      }
       const opt<std::string> last_error = to_boost(r->last_error), progress = to_boost(r->progress);
       const attempt_secret secret = draw_secret(state_->secrets);
       const std::string secret_text = secret.to_string();
@@ -738,6 +830,7 @@ result<std::vector<claimed_attempt>> store::claim(std::string_view queue, int ma
           .deadline = deadline ? std::optional<time_point>(from_us(*deadline)) : std::nullopt,
           .available_at = from_us(std::max(r->run_at, r->created_at)),
           .secret = secret,
+          .resumed_with = to_std(resume_payload),
       });
     }
     return result<out_t>(std::move(claimed));
@@ -784,6 +877,7 @@ result<std::vector<completion_result>> store::complete(
   return transact<out_t>(*state_, tx_mode::write, [&](soci::session& s, std::int64_t now) {
     std::set<attempt_id> applied;
     for (const auto& [a, p] : input) {
+      if (is_waiting(s, a)) continue;  // owned by its callback until resumed: stale to a token
       auto r = take_receipt(s, a);
       if (!r) continue;  // stale
       if (p) r->progress = p;  // coalesce(given, live, carried)
@@ -806,25 +900,11 @@ result<job_state> store::fail(attempt_id attempt, std::string_view error,
                               std::optional<std::chrono::microseconds> retry_after) {
   if (!tenure::detail::is_storable_text(error)) return errc::invalid_argument;  // as PostgreSQL refuses it
   return transact<job_state>(*state_, tx_mode::write, [&](soci::session& s, std::int64_t now) {
-    auto r = take_receipt(s, attempt);
-    if (!r) return result<job_state>(errc::stale_attempt);
-    r->last_error = bound_error(error);
-    const auto policy = policy_of(s, r->queue);
-    if (disposition == fail_disposition::retry && r->attempt < r->max_attempts) {
-      const std::int64_t delay = retry_after ? std::max<std::int64_t>(retry_after->count(), 0)
-                                             : backoff_us(policy, r->attempt, state_->rng);
-      r->run_at = saturating_add(now, delay);
-      insert(s, table::deferred, *r, "retryable");
-      return result<job_state>(job_state::retryable);
-    }
-    if (policy.dead_letter) {
-      insert(s, table::dead_letter, *r, nullptr, now);
-    } else {
-      insert(s, table::done, *r, "failed", now);
-    }
-    return result<job_state>(job_state::failed);
+    return fail_in_tx(s, state_->rng, attempt, error, disposition, retry_after, now);
   });
 }
+
+
 
 result<void> store::snooze(attempt_id attempt, std::chrono::microseconds delay) {
   return transact<void>(*state_, tx_mode::write, [&](soci::session& s, std::int64_t now) {
@@ -859,6 +939,124 @@ result<std::optional<std::string>> store::checkpoint(attempt_id attempt) {
         soci::into(progress), soci::use(attempt.job_id, "job_id"),
         soci::use(attempt.run_lease, "run_lease");
     return result<out_t>(to_std(progress));
+  });
+}
+
+// ---- external callbacks ---------------------------------------------------------------------
+
+result<std::string> store::register_callback(attempt_id attempt, std::chrono::microseconds timeout) {
+  if (timeout.count() <= 0) return errc::invalid_argument;
+  return transact<std::string>(*state_, tx_mode::write, [&](soci::session& s, std::int64_t now) {
+    if (!receipt_exists(s, attempt)) return result<std::string>(errc::stale_attempt);
+    if (is_waiting(s, attempt)) {
+      return result<std::string>(error{errc::invalid_argument, "the attempt is waiting for its callback"});
+    }
+    const std::string id = draw_callback_id(state_->secrets);
+    const std::int64_t t = timeout.count();
+    s << "DELETE FROM callbacks WHERE job_id = :job_id AND run_lease = :run_lease",
+        soci::use(attempt.job_id, "job_id"), soci::use(attempt.run_lease, "run_lease");
+    s << "INSERT INTO callbacks (callback_id, job_id, run_lease, timeout) VALUES (:id, :job_id, :run_lease, :t)",
+        soci::use(id, "id"), soci::use(attempt.job_id, "job_id"), soci::use(attempt.run_lease, "run_lease"),
+        soci::use(t, "t");
+    // As register_callback materializes the lease row with a heartbeat.
+    s << "INSERT INTO attempt_state (job_id, run_lease, heartbeat_at) VALUES (:job_id, :run_lease, :now)"
+         " ON CONFLICT (job_id, run_lease) DO UPDATE SET heartbeat_at = excluded.heartbeat_at",
+        soci::use(attempt.job_id, "job_id"), soci::use(attempt.run_lease, "run_lease"), soci::use(now, "now");
+    return result<std::string>(id);
+  });
+}
+
+result<callback_poll> store::await_callback(attempt_id attempt, std::string_view callback_id) {
+  return transact<callback_poll>(*state_, tx_mode::write, [&](soci::session& s, std::int64_t now) {
+    auto c = live_callback(s, std::string(callback_id));
+    if (!c || !(c->attempt == attempt)) return result<callback_poll>(errc::stale_attempt);
+    callback_poll p;
+    if (c->resumed) {
+      p.resumed = true;
+      p.payload = c->payload.value_or("{}");
+      return result<callback_poll>(std::move(p));
+    }
+    if (!c->waiting) {
+      const std::int64_t deadline = saturating_add(now, c->timeout);
+      const std::string id(callback_id);
+      s << "UPDATE callbacks SET waiting = 1, deadline = :deadline WHERE callback_id = :id",
+          soci::use(deadline, "deadline"), soci::use(id, "id");
+    }
+    return result<callback_poll>(std::move(p));
+  });
+}
+
+result<park_result> store::park_callback(attempt_id attempt, std::string_view callback_id) {
+  return transact<park_result>(*state_, tx_mode::write, [&](soci::session& s, std::int64_t now) {
+    auto c = live_callback(s, std::string(callback_id));
+    if (!c || !(c->attempt == attempt)) return result<park_result>(errc::stale_attempt);
+    if (c->resumed) {
+      continue_parked(s, attempt, c->payload.value_or("{}"), now);
+      return result<park_result>(park_result::resumed);
+    }
+    const std::int64_t deadline = c->waiting && c->deadline ? *c->deadline : saturating_add(now, c->timeout);
+    const std::string id(callback_id);
+    s << "UPDATE callbacks SET waiting = 1, parked = 1, deadline = :deadline WHERE callback_id = :id",
+        soci::use(deadline, "deadline"), soci::use(id, "id");
+    return result<park_result>(park_result::parked);
+  });
+}
+
+result<bool> store::resume_callback(std::string_view callback_id, std::string_view payload_json) {
+  const std::string payload = payload_json.empty() ? std::string("{}") : std::string(payload_json);
+  if (!valid_json(payload)) return errc::invalid_argument;
+  return transact<bool>(*state_, tx_mode::write, [&](soci::session& s, std::int64_t now) {
+    auto c = live_callback(s, std::string(callback_id));
+    if (!c || c->resumed) return result<bool>(false);
+    if (c->parked) {
+      continue_parked(s, c->attempt, payload, now);
+      return result<bool>(true);
+    }
+    const std::string id(callback_id);
+    s << "UPDATE callbacks SET resumed = 1, payload = :payload, waiting = 0, deadline = NULL WHERE callback_id = :id",
+        soci::use(payload, "payload"), soci::use(id, "id");
+    s << "UPDATE attempt_state SET heartbeat_at = :now WHERE job_id = :job_id AND run_lease = :run_lease",
+        soci::use(now, "now"), soci::use(c->attempt.job_id, "job_id"), soci::use(c->attempt.run_lease, "run_lease");
+    return result<bool>(true);
+  });
+}
+
+result<bool> store::extend_callback(std::string_view callback_id, std::chrono::microseconds timeout) {
+  if (timeout.count() <= 0) return errc::invalid_argument;
+  return transact<bool>(*state_, tx_mode::write, [&](soci::session& s, std::int64_t now) {
+    auto c = live_callback(s, std::string(callback_id));
+    if (!c || c->resumed) return result<bool>(false);
+    const std::int64_t t = timeout.count();
+    const opt<std::int64_t> deadline = c->waiting ? opt<std::int64_t>(saturating_add(now, t)) : opt<std::int64_t>();
+    const std::string id(callback_id);
+    s << "UPDATE callbacks SET timeout = :t, deadline = :deadline WHERE callback_id = :id", soci::use(t, "t"),
+        soci::use(deadline, "deadline"), soci::use(id, "id");
+    return result<bool>(true);
+  });
+}
+
+result<bool> store::complete_callback(std::string_view callback_id, std::optional<std::string> progress_json) {
+  if (!valid_json(progress_json)) return errc::invalid_argument;
+  return transact<bool>(*state_, tx_mode::write, [&](soci::session& s, std::int64_t now) {
+    auto c = live_callback(s, std::string(callback_id));
+    if (!c || c->resumed) return result<bool>(false);
+    auto r = take_receipt(s, c->attempt);
+    if (!r) return result<bool>(false);
+    if (progress_json) r->progress = progress_json;
+    insert(s, table::done, *r, "completed", now);
+    return result<bool>(true);
+  });
+}
+
+result<bool> store::fail_callback(std::string_view callback_id, std::string_view error, bool retry) {
+  if (!tenure::detail::is_storable_text(error)) return errc::invalid_argument;
+  return transact<bool>(*state_, tx_mode::write, [&](soci::session& s, std::int64_t now) {
+    auto c = live_callback(s, std::string(callback_id));
+    if (!c || c->resumed) return result<bool>(false);
+    auto r = fail_in_tx(s, state_->rng, c->attempt, error,
+                        retry ? fail_disposition::retry : fail_disposition::permanent, std::nullopt, now);
+    if (!r) return result<bool>(r.error());
+    return result<bool>(true);
   });
 }
 
@@ -954,7 +1152,7 @@ result<std::vector<rescued_attempt>> store::rescue_stale(std::chrono::microsecon
     const std::int64_t idle_since = saturating_add(now, -stale_after.count());
     struct stale {
       attempt_id attempt;
-      bool deadline_passed;
+      int why;  // 0: no heartbeat, 1: hard deadline passed, 2: callback timed out
     };
     std::vector<stale> found;
     {
@@ -962,23 +1160,29 @@ result<std::vector<rescued_attempt>> store::rescue_stale(std::chrono::microsecon
       int deadline_passed = 0;
       soci::statement st =
           (s.prepare << "SELECT r.job_id, r.run_lease,"
-                        "       coalesce(r.deadline_at <= :now, 0)"
+                        "       CASE WHEN coalesce(c.waiting, 0) THEN 2"
+                        "            ELSE coalesce(r.deadline_at <= :now, 0) END"
                         "  FROM receipts r LEFT JOIN attempt_state s"
                         "    ON s.job_id = r.job_id AND s.run_lease = r.run_lease"
-                        " WHERE coalesce(s.heartbeat_at, r.claimed_at) <= :idle_since"
-                        "    OR r.deadline_at <= :now"
+                        "  LEFT JOIN callbacks c ON c.job_id = r.job_id AND c.run_lease = r.run_lease"
+                        " WHERE (NOT coalesce(c.waiting, 0)"
+                        "        AND (coalesce(s.heartbeat_at, r.claimed_at) <= :idle_since"
+                        "             OR r.deadline_at <= :now))"
+                        "    OR (c.waiting AND c.deadline <= :now)"
                         " ORDER BY r.job_id, r.run_lease",
            soci::into(job_id), soci::into(run_lease), soci::into(deadline_passed),
            soci::use(now, "now"), soci::use(idle_since, "idle_since"));
       st.execute();
-      while (st.fetch()) found.push_back({{job_id, run_lease}, deadline_passed != 0});
+      while (st.fetch()) found.push_back({{job_id, run_lease}, deadline_passed});
     }
     const std::string no_heartbeat = "rescued: no heartbeat for " + interval_text(stale_after);
     out_t rescued;
     for (const auto& f : found) {
       auto r = take_receipt(s, f.attempt);
       if (!r) continue;
-      r->last_error = f.deadline_passed ? "rescued: hard deadline passed" : no_heartbeat;
+      r->last_error = f.why == 2   ? std::string{"rescued: callback timed out"}
+                      : f.why == 1 ? std::string{"rescued: hard deadline passed"}
+                                   : no_heartbeat;
       job_state next = job_state::available;
       if (r->attempt < r->max_attempts) {  // available at once; the attempt counts
         r->run_at = now;

@@ -11,7 +11,7 @@ std::string_view to_string(op o) noexcept {
       "enqueue",    "enqueue_batch", "claim",     "heartbeat",    "complete",
       "fail",       "snooze",        "cancel_attempt", "cancel_job", "retry_job",
       "read_job",   "rescue_stale",  "promote_due", "reconcile",  "checkpoint",
-      "register_callback", "await_callback", "resume_callback", "extend_callback", "complete_callback",
+      "register_callback", "await_callback", "park_callback", "resume_callback", "extend_callback", "complete_callback",
       "fail_callback", "configure_queue", "queue_depths"};
   const auto i = static_cast<std::size_t>(o);
   return i < names.size() ? names[i] : "unknown";
@@ -162,6 +162,10 @@ result<std::string> faulty_store::register_callback(attempt_id attempt, std::chr
 
 result<callback_poll> faulty_store::await_callback(attempt_id attempt, std::string_view callback_id) {
   return call<callback_poll>(op::await_callback, [&] { return inner_.await_callback(attempt, callback_id); });
+}
+
+result<park_result> faulty_store::park_callback(attempt_id attempt, std::string_view callback_id) {
+  return call<park_result>(op::park_callback, [&] { return inner_.park_callback(attempt, callback_id); });
 }
 
 result<bool> faulty_store::resume_callback(std::string_view callback_id, std::string_view payload_json) {

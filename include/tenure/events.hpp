@@ -9,7 +9,9 @@
 namespace tenure {
 
 /// Lifecycle events, reported after the transition was durably applied (never for stale results).
-enum class lifecycle_event { started, completed, retried, failed, cancelled, snoozed, rescued };
+/// parked: the handler returned job_outcome::park and the attempt waits for its callback with no
+/// handler (it starts again, as the same attempt, once resumed).
+enum class lifecycle_event { started, completed, retried, failed, cancelled, snoozed, rescued, parked };
 std::string_view to_string(lifecycle_event e) noexcept;
 
 struct job_event {

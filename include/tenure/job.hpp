@@ -107,6 +107,9 @@ struct claimed_attempt {
   /// later (pickup latency counts from here). Unset when the store does not say.
   std::optional<time_point> available_at;
   attempt_secret secret;  ///< drawn by the store at claim time; what makes the token unguessable
+  /// Set when this claim continues a parked attempt that an external system resumed: the resume
+  /// payload (JSON text). The attempt keeps its run lease and attempt number; its secret is new.
+  std::optional<std::string> resumed_with;
   finalization_token token() const noexcept { return finalization_token{attempt, secret}; }
 };
 

@@ -63,6 +63,10 @@ class job_context {
   /// own progress. Read from the database on first call, then cached. errc::stale_attempt when
   /// the attempt is no longer live.
   result<std::optional<nlohmann::json>> previous_progress();
+  /// The payload this attempt was resumed with when this call of the handler continues a parked
+  /// attempt (job_outcome::park, then tenure.resume_callback); nullopt on a normal start. No
+  /// database call.
+  std::optional<nlohmann::json> resumed_with() const;
 
   // ---- external callbacks (sequential: register, hand the id out, wait; repeat if needed) ----
   /// Registers a callback for an external system, guarded by (job_id, run_lease), and returns
@@ -82,6 +86,7 @@ class job_context {
   /// attempt was still parked (it stays open until resumed or timed out). After a resume the
   /// attempt's original hard deadline, if any, applies again.
   result<nlohmann::json> wait_for_callback(const std::string& callback_id);
+  // To wait without keeping the thread, return job_outcome::park(callback_id) instead.
 
  protected:
   std::shared_ptr<detail::attempt_entry> entry_;

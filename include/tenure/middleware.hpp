@@ -46,6 +46,7 @@ enum class attempt_outcome {
   cancelled,     ///< job_outcome::cancel
   snoozed,       ///< job_outcome::snooze
   caller_owned,  ///< a caller-owned handler returned; the database's evidence settles the attempt
+  parked,        ///< job_outcome::park: the attempt waits for its callback with no handler
 };
 
 std::string_view to_string(attempt_outcome o) noexcept;

@@ -74,6 +74,12 @@ struct callback_poll {
   std::string payload;    ///< JSON text of the resume payload, when resumed
 };
 
+/// What parking an attempt on its callback did (`park_callback`).
+enum class park_result {
+  parked,   ///< waiting_external with no handler: a resume makes it claimable again
+  resumed,  ///< the callback was resumed first: the attempt is claimable again at once
+};
+
 /// How many jobs of one queue are in each unfinished state, read by `queue_depths()`.
 struct queue_depth {
   std::string queue;
@@ -146,8 +152,10 @@ class storage_port {
 
   // ---- workers ----------------------------------------------------------------------------
   /// Claims up to `max_jobs` available jobs of `queue` (priority, then FIFO), advancing each
-  /// one's run lease by one and its attempt count by one. Due scheduled/retryable jobs of the
-  /// queue are promoted first. Concurrent callers never receive the same job.
+  /// one's run lease by one and its attempt count by one, except a resumed parked attempt
+  /// (`park_callback`), which keeps both and comes back with `resumed_with` set. Every claim
+  /// draws a new secret. Due scheduled/retryable jobs of the queue are promoted first.
+  /// Concurrent callers never receive the same job.
   virtual result<std::vector<claimed_attempt>> claim(std::string_view queue, int max_jobs,
                                                      std::string_view worker) = 0;
   /// The same claim, plus the wake-up bookkeeping of a named worker: a non-empty claim removes
@@ -200,7 +208,20 @@ class storage_port {
     (void)attempt, (void)callback_id;
     return no_callbacks();
   }
-  /// Resumes a callback with a JSON payload. false: unknown, already resolved, or stale.
+  /// Parks the live attempt on its current callback `callback_id` and lets its handler go: the
+  /// attempt stays waiting_external (same run lease, callback timeout armed) with no handler.
+  /// A resume then makes it claimable again as the continuation of the same attempt (same
+  /// run lease and attempt number, claimed_attempt::resumed_with set); complete_callback,
+  /// fail_callback, rescue (callback timeout) and cancel close it as they close a blocking waiter.
+  /// park_result::resumed when the callback was resumed before it parked (already claimable).
+  /// errc::stale_attempt when the attempt is not live or `callback_id` is not its current callback.
+  virtual result<park_result> park_callback(attempt_id attempt, std::string_view callback_id) {
+    (void)attempt, (void)callback_id;
+    return no_callbacks();
+  }
+  /// Resumes a callback with a JSON payload. false: unknown, already resolved, or stale. A parked
+  /// attempt becomes claimable again (its continuation gets the payload); a blocking waiter is
+  /// woken.
   virtual result<bool> resume_callback(std::string_view callback_id, std::string_view payload_json) {
     (void)callback_id, (void)payload_json;
     return no_callbacks();

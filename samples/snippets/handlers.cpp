@@ -96,6 +96,18 @@ void external_callback(std::unique_ptr<tenure::runtime>& rt) {
   // [/snippet:callback]
 }
 
+void parked_callback(std::unique_ptr<tenure::runtime>& rt) {
+  // [snippet:parked_callback]
+  rt->handle("payment", [](tenure::job_context& ctx) {
+    if (auto payload = ctx.resumed_with()) return tenure::job_outcome::completed(*payload);
+    auto id = ctx.register_callback(std::chrono::hours{1});
+    if (!id) return tenure::job_outcome::retry(id.error().message());
+    provider.start_payment(ctx.args(), /*callback_ref=*/id.value());   // idempotent on its side
+    return tenure::job_outcome::park(id.value());  // thread and permit freed until resumed
+  });
+  // [/snippet:parked_callback]
+}
+
 void caller_owned(std::unique_ptr<tenure::runtime>& rt, soci::connection_pool& pool) {
   // [snippet:caller_owned]
   rt->handle_caller_owned<charge_args>("charge", [&pool](const charge_args& a, tenure::caller_owned_context& ctx)

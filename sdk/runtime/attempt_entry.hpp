@@ -196,6 +196,17 @@ struct attempt_entry {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(*done_at - *started_at);
   }
 
+  /// wait_for_callback() handed the handler the resume payload of `callback_id`: parking on that
+  /// callback afterwards would deliver it a second time, so the runtime refuses it. Any thread.
+  void delivered(const std::string& callback_id) {
+    std::lock_guard lock(mu);
+    delivered_callback = callback_id;
+  }
+  bool was_delivered(const std::string& callback_id) {
+    std::lock_guard lock(mu);
+    return !callback_id.empty() && delivered_callback == callback_id;
+  }
+
   /// previous_progress(), once read (guarded by mu).
   bool checkpoint_read = false;
   std::optional<std::string> checkpoint;
@@ -208,6 +219,8 @@ struct attempt_entry {
 
   /// What a caller-owned handler asked to record if it returns an error (guarded by mu).
   std::string failure_note;
+  /// The last callback whose resume wait_for_callback() returned (guarded by mu).
+  std::string delivered_callback;
 
   // Control-thread state.
   bool in_doubt = false;       ///< a flush carrying this completion had an unknown outcome

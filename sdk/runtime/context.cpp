@@ -48,6 +48,13 @@ job_outcome job_outcome::cancel(std::string reason) {
   return o;
 }
 
+job_outcome job_outcome::park(std::string callback_id) {
+  job_outcome o;
+  o.kind_ = kind::park;
+  o.callback_id_ = std::move(callback_id);
+  return o;
+}
+
 job_context::job_context(std::shared_ptr<detail::attempt_entry> entry) : entry_(std::move(entry)) {}
 std::int64_t job_context::job_id() const noexcept { return entry_->claim.attempt.job_id; }
 std::int64_t job_context::run_lease() const noexcept { return entry_->claim.attempt.run_lease; }
@@ -58,6 +65,12 @@ const std::string& job_context::queue() const noexcept { return entry_->claim.qu
 const nlohmann::json& job_context::args() const { return entry_->args(); }
 const nlohmann::json& job_context::metadata() const { return entry_->metadata(); }
 finalization_token job_context::token() const noexcept { return entry_->claim.token(); }
+std::optional<nlohmann::json> job_context::resumed_with() const {
+  if (!entry_->claim.resumed_with) return std::nullopt;
+  auto j = nlohmann::json::parse(*entry_->claim.resumed_with, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return nlohmann::json{};  // not JSON this process can read; never expected from jsonb
+  return j;
+}
 bool job_context::is_cancelled() const noexcept { return entry_->is_cancelled(); }
 bool job_context::wait_cancelled(milliseconds d) const {
   // wait_for(milliseconds::max()) would overflow the clock's deadline into the past and return
@@ -114,6 +127,7 @@ result<nlohmann::json> job_context::wait_for_callback(const std::string& callbac
       // parked and this runtime is giving up on it (shutting down; it stays open until its
       // callback is resumed or times out).
       if (r && r.value().resumed) {
+        entry_->delivered(callback_id);
         auto j = nlohmann::json::parse(r.value().payload, nullptr, /*allow_exceptions=*/false);
         if (!j.is_discarded()) return j;
       }
@@ -121,6 +135,7 @@ result<nlohmann::json> job_context::wait_for_callback(const std::string& callbac
       return make_error_code(errc::shutting_down);
     }
     if (r && r.value().resumed) {
+      entry_->delivered(callback_id);
       auto j = nlohmann::json::parse(r.value().payload, nullptr, /*allow_exceptions=*/false);
       if (j.is_discarded()) return make_error_code(errc::protocol_error);
       return j;
@@ -202,6 +217,7 @@ std::string_view to_string(lifecycle_event e) noexcept {
     case lifecycle_event::cancelled: return "cancelled";
     case lifecycle_event::snoozed: return "snoozed";
     case lifecycle_event::rescued: return "rescued";
+    case lifecycle_event::parked: return "parked";
   }
   return "unknown";
 }

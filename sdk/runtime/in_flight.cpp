@@ -23,6 +23,11 @@ entry_ptr in_flight_table::add(claimed_attempt c) {
   entry->last_live = core.now();  // the claim just confirmed it live
   const auto q = by_name.find(entry->claim.queue);
   entry->series = q != by_name.end() ? q->second->series : &m.queues.get(entry->claim.queue);
+  if (auto old = in_flight.find(entry->claim.attempt); old != in_flight.end()) {
+    // The continuation of an attempt this process parked, claimed before the park's answer was
+    // handled here: the parked call is over (the database moved it on), so it goes first.
+    release(old->second);
+  }
   in_flight.emplace(entry->claim.attempt, entry);
   entry->series->claimed.fetch_add(1, std::memory_order_relaxed);
   entry->series->in_flight.fetch_add(1, std::memory_order_relaxed);
@@ -90,7 +95,10 @@ void in_flight_table::release_permit(const entry_ptr& entry) {
 
 void in_flight_table::release(const entry_ptr& entry) {
   const auto& c = entry->claim;
-  if (in_flight.erase(c.attempt) == 0) return;
+  // Only this entry: a continuation of the same attempt may hold the key now (add()).
+  const auto it = in_flight.find(c.attempt);
+  if (it == in_flight.end() || it->second != entry) return;
+  in_flight.erase(it);
   entry->series->in_flight.fetch_sub(1, std::memory_order_relaxed);
   if (entry->permit_held) {
     release_permit(entry);

@@ -17,6 +17,7 @@ std::string_view to_string(attempt_outcome o) noexcept {
     case attempt_outcome::cancelled: return "cancelled";
     case attempt_outcome::snoozed: return "snoozed";
     case attempt_outcome::caller_owned: return "caller_owned";
+    case attempt_outcome::parked: return "parked";
   }
   return "unknown";
 }
@@ -89,6 +90,7 @@ attempt_report report_of(const job_outcome& o) {
     case job_outcome::kind::snooze: r.outcome = attempt_outcome::snoozed; break;
     case job_outcome::kind::fail: r.outcome = attempt_outcome::failed; break;
     case job_outcome::kind::cancel: r.outcome = attempt_outcome::cancelled; break;
+    case job_outcome::kind::park: r.outcome = attempt_outcome::parked; break;
   }
   r.message = o.message();
   return r;

@@ -19,6 +19,7 @@ const char* to_text(job_outcome::kind k) {
     case job_outcome::kind::snooze: return "snooze";
     case job_outcome::kind::fail: return "fail";
     case job_outcome::kind::cancel: return "cancel";
+    case job_outcome::kind::park: return "park";
   }
   return "unknown";
 }
@@ -52,6 +53,14 @@ void settlement::on_outcome(const entry_ptr& entry, job_outcome outcome, std::op
   if (outcome.what() == job_outcome::kind::completed) {
     push_completion({entry, std::move(progress)});
     return;
+  }
+  if (outcome.what() == job_outcome::kind::park && (outcome.callback_id().empty() || entry->was_delivered(outcome.callback_id()))) {
+    // Parked on no callback, or on one whose resume the handler already received: nothing would
+    // ever continue it as meant. A handler bug: retried by the queue's policy.
+    outcome = job_outcome::retry(outcome.callback_id().empty()
+                                     ? "job_outcome::park without a callback id"
+                                     : "job_outcome::park on callback " + outcome.callback_id() +
+                                           ", whose resume wait_for_callback already returned");
   }
   apply_outcome(entry, std::move(outcome), milliseconds{0});
 }
@@ -98,6 +107,12 @@ void settlement::apply_outcome(const entry_ptr& entry, job_outcome outcome, mill
             if (!r) return r.error();
             return job_state::cancelled;
           }
+          case job_outcome::kind::park: {
+            auto r = core.store->park_callback(a, outcome.callback_id());
+            if (!r) return r.error();
+            // resumed: the callback was resumed before the attempt parked; it is claimable again.
+            return r.value() == park_result::parked ? job_state::waiting_external : job_state::available;
+          }
           case job_outcome::kind::completed: break;
         }
         return errc::protocol_error;
@@ -126,6 +141,14 @@ void settlement::apply_outcome(const entry_ptr& entry, job_outcome outcome, mill
             case job_state::cancelled:
               settled(entry, run_outcome::cancelled);
               core.emit(lifecycle_event::cancelled, c, outcome.message());
+              break;
+            case job_state::waiting_external:
+            case job_state::available:
+              // Parked: not settled (the attempt goes on); releasing the entry frees its permit
+              // and stops its heartbeat.
+              core.emit(lifecycle_event::parked, c, outcome.callback_id());
+              tenure::logger()->debug("tenure: job {} lease {} queue {} parked on callback {}", c.attempt.job_id,
+                                      c.attempt.run_lease, c.queue, outcome.callback_id());
               break;
             default: break;
           }

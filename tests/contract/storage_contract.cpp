@@ -1471,6 +1471,138 @@ TEST_P(storage_contract, concurrent_producers_of_one_key_get_one_job) {
   EXPECT_EQ(std::count_if(got.begin(), got.end(), [](const enqueue_result& r) { return r.inserted; }), 1);
   for (const auto& r : got) EXPECT_EQ(r.id, got.front().id);
   EXPECT_THAT(claim(), SizeIs(1));
+
+// ---- external callbacks: blocking waits and parked attempts ---------------------------------
+
+TEST_P(storage_contract, a_blocking_wait_parks_on_the_first_poll_and_sees_the_resume) {
+  const auto id = add(make_job());
+  const auto c = claim_one();
+  const auto cb = must(db().register_callback(c.attempt, 1h));
+  EXPECT_FALSE(must(db().await_callback(c.attempt, cb)).resumed);
+  EXPECT_EQ(read(id).state, job_state::waiting_external);
+  EXPECT_FALSE(complete(c.attempt)) << "a waiting attempt is owned by its callback";
+  EXPECT_TRUE(must(db().resume_callback(cb, R"({"ok": true})")));
+  const auto poll = must(db().await_callback(c.attempt, cb));
+  EXPECT_TRUE(poll.resumed);
+  EXPECT_EQ(json::parse(poll.payload), json({{"ok", true}}));
+  EXPECT_EQ(read(id).state, job_state::running) << "a blocking waiter is resumed in place";
+  EXPECT_TRUE(complete(c.attempt));
+}
+
+TEST_P(storage_contract, a_parked_attempt_is_continued_with_its_run_lease_attempt_and_the_resume_payload) {
+  const auto id = add(make_job());
+  const auto c = claim_one();
+  const auto cb = must(db().register_callback(c.attempt, 1h));
+  EXPECT_EQ(must(db().park_callback(c.attempt, cb)), park_result::parked);
+  EXPECT_EQ(read(id).state, job_state::waiting_external);
+  EXPECT_FALSE(complete(c.attempt)) << "a parked attempt is owned by its callback";
+  EXPECT_THAT(rescue_all(), IsEmpty()) << "nothing heartbeats a parked attempt; it is not stale";
+  EXPECT_TRUE(must(db().resume_callback(cb, R"({"approved": "yes"})")));
+  EXPECT_FALSE(must(db().resume_callback(cb, "{}"))) << "one resume wins";
+  const auto ready = read(id);
+  EXPECT_EQ(ready.state, job_state::available);
+  EXPECT_EQ(ready.run_lease, c.attempt.run_lease);
+  EXPECT_EQ(ready.attempt, 1);
+  const auto next = claim_one();
+  EXPECT_EQ(next.attempt, c.attempt) << "the same (job_id, run_lease)";
+  EXPECT_EQ(next.attempt_number, 1) << "no attempt consumed";
+  ASSERT_TRUE(next.resumed_with);
+  EXPECT_EQ(json::parse(*next.resumed_with), json({{"approved", "yes"}}));
+  EXPECT_FALSE(next.secret == c.secret) << "the continuation draws a new secret";
+  // It may park again, on a new callback; the old one stays resolved.
+  const auto cb2 = must(db().register_callback(next.attempt, 1h));
+  EXPECT_NE(cb2, cb);
+  EXPECT_EQ(must(db().park_callback(next.attempt, cb2)), park_result::parked);
+  EXPECT_FALSE(must(db().resume_callback(cb, "{}")));
+  EXPECT_TRUE(must(db().resume_callback(cb2, R"({"round": 2})")));
+  const auto third = claim_one();
+  EXPECT_EQ(third.attempt, c.attempt);
+  EXPECT_EQ(json::parse(third.resumed_with.value_or("null")), json({{"round", 2}}));
+  EXPECT_TRUE(complete(third.attempt));
+  EXPECT_EQ(read(id).state, job_state::completed);
+}
+
+TEST_P(storage_contract, an_ordinary_claim_has_no_resume_payload) {
+  add(make_job());
+  EXPECT_FALSE(claim_one().resumed_with);
+}
+
+TEST_P(storage_contract, parking_after_an_early_resume_makes_the_attempt_claimable_at_once) {
+  const auto id = add(make_job());
+  const auto c = claim_one();
+  const auto cb = must(db().register_callback(c.attempt, 1h));
+  EXPECT_TRUE(must(db().resume_callback(cb, R"({"early": 1})")));
+  EXPECT_EQ(read(id).state, job_state::running);
+  EXPECT_EQ(must(db().park_callback(c.attempt, cb)), park_result::resumed);
+  const auto next = claim_one();
+  EXPECT_EQ(next.attempt, c.attempt);
+  EXPECT_EQ(json::parse(next.resumed_with.value_or("null")), json({{"early", 1}}));
+}
+
+TEST_P(storage_contract, complete_and_fail_callback_close_a_parked_attempt) {
+  add(make_job());
+  add(make_job());
+  const auto a = claim_one();
+  const auto b = claim_one();
+  const auto cb_a = must(db().register_callback(a.attempt, 1h));
+  const auto cb_b = must(db().register_callback(b.attempt, 1h));
+  ASSERT_EQ(must(db().park_callback(a.attempt, cb_a)), park_result::parked);
+  ASSERT_EQ(must(db().park_callback(b.attempt, cb_b)), park_result::parked);
+  EXPECT_TRUE(must(db().complete_callback(cb_a, R"({"by": "outside"})")));
+  EXPECT_TRUE(must(db().fail_callback(cb_b, "refused", false)));
+  const auto d = read(a.attempt.job_id);
+  EXPECT_EQ(d.state, job_state::completed);
+  EXPECT_EQ(json::parse(d.progress.value_or("null")), json({{"by", "outside"}}));
+  const auto f = read(b.attempt.job_id);
+  EXPECT_EQ(f.state, job_state::failed);
+  EXPECT_EQ(f.last_error.value_or(""), "refused");
+  EXPECT_FALSE(must(db().resume_callback(cb_a, "{}")));
+  EXPECT_FALSE(must(db().resume_callback(cb_b, "{}")));
+  EXPECT_THAT(claim(), IsEmpty());
+}
+
+TEST_P(storage_contract, the_callback_timeout_rescues_a_parked_attempt) {
+  new_job j = make_job();
+  j.max_attempts = 3;
+  const auto id = add(j);
+  const auto c = claim_one();
+  const auto cb = must(db().register_callback(c.attempt, 1s));
+  ASSERT_EQ(must(db().park_callback(c.attempt, cb)), park_result::parked);
+  EXPECT_THAT(must(db().rescue_stale(k_never)), IsEmpty());
+  be().pass_time(2s);
+  const auto rescued = must(db().rescue_stale(k_never));
+  ASSERT_THAT(rescued, SizeIs(1));
+  EXPECT_EQ(rescued[0].attempt, c.attempt);
+  EXPECT_EQ(rescued[0].new_state, job_state::available);
+  EXPECT_EQ(read(id).last_error.value_or(""), "rescued: callback timed out");
+  EXPECT_FALSE(must(db().resume_callback(cb, "{}"))) << "too late: the attempt was rescued";
+  const auto next = claim_one();
+  EXPECT_EQ(next.attempt.run_lease, c.attempt.run_lease + 1) << "retried as a new attempt";
+  EXPECT_FALSE(next.resumed_with);
+}
+
+TEST_P(storage_contract, cancel_job_of_a_parked_attempt_cancels_it_and_its_callback) {
+  const auto id = add(make_job());
+  const auto c = claim_one();
+  const auto cb = must(db().register_callback(c.attempt, 1h));
+  ASSERT_EQ(must(db().park_callback(c.attempt, cb)), park_result::parked);
+  EXPECT_TRUE(must(db().cancel_job(id)));
+  EXPECT_EQ(read(id).state, job_state::cancelled);
+  EXPECT_FALSE(must(db().resume_callback(cb, "{}")));
+  EXPECT_TRUE(fails_with(db().park_callback(c.attempt, cb), errc::stale_attempt));
+}
+
+TEST_P(storage_contract, park_callback_names_the_live_attempt_and_its_current_callback) {
+  add(make_job());
+  const auto c = claim_one();
+  const auto first = must(db().register_callback(c.attempt, 1h));
+  const auto second = must(db().register_callback(c.attempt, 1h));
+  EXPECT_TRUE(fails_with(db().park_callback(c.attempt, first), errc::stale_attempt)) << "rotated";
+  EXPECT_TRUE(fails_with(db().park_callback({c.attempt.job_id, c.attempt.run_lease + 1}, second),
+                         errc::stale_attempt));
+  EXPECT_TRUE(fails_with(db().park_callback(c.attempt, "00000000-0000-4000-8000-000000000000"),
+                         errc::stale_attempt));
+  EXPECT_EQ(must(db().park_callback(c.attempt, second)), park_result::parked);
 }
 
 }  // namespace tenure::contract

@@ -50,7 +50,7 @@ struct backend {
   virtual time_point now() const = 0;
 
   /// Makes whatever is due within `d` of now() due now: scheduled and retryable run_at values,
-  /// hard deadlines. (SQLite fake: advances its manual clock. PostgreSQL: moves the stored
+  /// hard deadlines, callback deadlines. (SQLite fake: advances its manual clock. PostgreSQL: moves the stored
   /// timestamps back by `d`.) Whether claim and heartbeat times age too is backend-specific:
   /// tests do not depend on it, and a test that later calls rescue_stale with its "never stale"
   /// limit of one day passes far less time than that.

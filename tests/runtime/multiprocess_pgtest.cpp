@@ -597,6 +597,40 @@ TEST_F(queue_limits_mp, three_processes_claim_within_the_token_bucket_and_reach_
                         " b WHERE b.tx = c.tx)"),
             0)
       << "every claim wrote the bucket";
+
+TEST_F(multiprocess_pg, a_parked_attempt_survives_its_worker_killed_and_is_continued_by_another_process) {
+  db_.exec("CREATE TABLE " + s("executions") +
+           " (job_id bigint NOT NULL, run_lease bigint NOT NULL, worker text NOT NULL,"
+           "  at timestamptz NOT NULL DEFAULT clock_timestamp())");
+  workers_.reserve(2);
+  worker& w1 = spawn("w1");
+  wait_ready(w1);
+  const auto id = db_.scalar("SELECT " + s("enqueue") + "('park', '{}', 'default', 2, NULL, 3)");
+  ASSERT_TRUE(poll_until([&] { return db_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {id}) ==
+                                      "waiting_external"; },
+                         30s))
+      << "w1 never parked the job";
+  // The parked attempt needs nothing of w1: kill it without letting it stop.
+  ASSERT_EQ(::kill(w1.pid, SIGKILL), 0);
+  ASSERT_TRUE(reap(w1, 10s));
+  const auto cb = db_.scalar("SELECT callback_id FROM " + s("attempt_state") + " WHERE job_id = $1", {id});
+  EXPECT_EQ(db_.scalar("SELECT " + s("resume_callback") + "($1::uuid, '{\"approved\": \"yes\"}')", {cb}), "t");
+  EXPECT_EQ(db_.scalar("SELECT state || ':' || run_lease || ':' || attempt FROM " + s("jobs") + " WHERE id = $1", {id}),
+            "available:1:1");
+  worker& w2 = spawn("w2");
+  wait_ready(w2);
+  ASSERT_TRUE(poll_until(
+      [&] { return db_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {id}) == "completed"; }, 30s))
+      << "the resumed attempt was not continued by w2";
+  // Same attempt (run lease 1, attempt 1) from claim to completion, executed once by each process.
+  EXPECT_EQ(db_.scalar("SELECT run_lease || ':' || attempt || ':' || (progress->>'approved') FROM " + s("jobs") +
+                           " WHERE id = $1",
+                       {id}),
+            "1:1:yes");
+  EXPECT_EQ(db_.scalar("SELECT string_agg(worker || '@' || run_lease, ',' ORDER BY at) FROM " + s("executions") +
+                           " WHERE job_id = $1",
+                       {id}),
+            "w1@1,w2@1");
 }
 
 }  // namespace

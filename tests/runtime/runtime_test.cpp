@@ -599,5 +599,62 @@ TEST_F(runtime_unit, a_caller_owned_attempt_cancelled_while_waiting_for_a_slot_n
   rt->stop();
 }
 
+
+TEST_F(runtime_unit, a_parked_handler_frees_its_permit_and_a_resume_continues_the_same_attempt_on_any_runtime) {
+  auto c = config();
+  c.queues = {{.name = "default", .max_concurrency = 1}};
+  const auto parked = enqueue("approval");
+  std::mutex mu;
+  std::string callback;
+  std::vector<std::string> calls;  // "<run_lease>/<attempt>/<payload or ->"
+  std::atomic<int> others{0};
+  const auto handler = [&](job_context& ctx) {
+    const auto payload = ctx.resumed_with();
+    {
+      std::lock_guard lock(mu);
+      calls.push_back(std::to_string(ctx.run_lease()) + "/" + std::to_string(ctx.attempt()) + "/" +
+                      (payload ? payload->dump() : "-"));
+    }
+    if (payload) return job_outcome::completed(*payload);
+    auto cb = ctx.register_callback(1h);
+    if (!cb) return job_outcome::fail("register: " + cb.error().message());
+    std::lock_guard lock(mu);
+    callback = cb.value();
+    return job_outcome::park(cb.value());
+  };
+  auto first = make(c);
+  first->handle("approval", handler);
+  first->handle("other", [&](job_context&) {
+    ++others;
+    return job_outcome::completed();
+  });
+  ASSERT_TRUE(first->start());
+  ASSERT_TRUE(eventually([&] { return state(parked) == job_state::waiting_external; }));
+  // One permit, and the parked attempt does not hold it.
+  const auto o1 = enqueue("other");
+  const auto o2 = enqueue("other");
+  ASSERT_TRUE(eventually([&] { return state(o1) == job_state::completed && state(o2) == job_state::completed; }))
+      << "a parked attempt must not keep its queue's permit";
+  first->stop();
+  first.reset();
+  // Another runtime continues it once resumed.
+  std::string cb;
+  {
+    std::lock_guard lock(mu);
+    cb = callback;
+  }
+  ASSERT_TRUE(inner_->resume_callback(cb, R"({"ok": true})").value());
+  auto second = make(c);
+  second->handle("approval", handler);
+  ASSERT_TRUE(second->start());
+  ASSERT_TRUE(eventually([&] { return state(parked) == job_state::completed; }));
+  second->stop();
+  std::lock_guard lock(mu);
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[0], "1/1/-");
+  EXPECT_EQ(calls[1], R"(1/1/{"ok":true})");
+  EXPECT_EQ(inner_->read_job(parked).value().run_lease, 1);
+}
+
 }  // namespace
 }  // namespace tenure

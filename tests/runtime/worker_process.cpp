@@ -8,7 +8,10 @@
 // up to 60 s or until it is cancelled; later attempts complete at once. Kind "span" works 20 ms,
 // then records the span it ran in <schema>.spans (job_id, worker, started_at, ended_at; the
 // database's clock, the start being the end minus the span measured here), then completes: the
-// span lies inside the attempt's claim and completion. With "no-maintenance"
+// span lies inside the attempt's claim and completion. Kind "park" records its
+// execution, then registers a callback (timeout 60 s) and parks on it (job_outcome::park); the
+// continuation (resumed_with() set) records its execution again and completes with the payload
+// as its progress. With "no-maintenance"
 // the process never takes the maintenance lease. Every session of the process (runtime and
 // handlers) is named tenure-mp-<WORKER_NAME>.
 //
@@ -162,6 +165,14 @@ int main(int argc, char** argv) {
     recorder.record(ctx.job_id(), ctx.run_lease());
     if (ctx.run_lease() == 1) ctx.wait_cancelled(60s);
     return tenure::job_outcome::completed();
+  });
+
+  rt->handle("park", [&recorder](tenure::job_context& ctx) {
+    recorder.record(ctx.job_id(), ctx.run_lease());
+    if (auto payload = ctx.resumed_with()) return tenure::job_outcome::completed(*payload);
+    auto cb = ctx.register_callback(60s);
+    if (!cb) return tenure::job_outcome::retry("register_callback: " + cb.error().message());
+    return tenure::job_outcome::park(cb.value());
   });
 
   std::atomic<std::uint64_t> completed{0};

@@ -1,4 +1,4 @@
--- tenure migration 11: limits per queue (max_running, rate_per_second) and priority aging.
+-- tenure migration 13: limits per queue (max_running, rate_per_second) and priority aging.
 --
 -- Settings (configure_queue keys; null clears; a bad value raises 22023 naming the setting):
 --   max_running      attempts of the queue open at once across every worker process: a positive
@@ -219,7 +219,7 @@ BEGIN
   END IF;
 END $$;
 
--- As in migration 9, plus the limits and aging of migration 11: the pause probe also reads them
+-- As in migration 9, plus the limits and aging of this migration: the pause probe also reads them
 -- (a queue without them claims as before); max_running / rate_per_second cap the jobs taken
 -- (claim_allowance) and the spent tokens are written back; priority_aging picks the candidates
 -- by effective priority.
@@ -232,7 +232,7 @@ SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
   n int;
-  -- Limits and aging (migration 11): read in the pause probe; NULL when not set.
+  -- Limits and aging (migration 13): read in the pause probe; NULL when not set.
   lim_paused boolean;
   lim_running int;
   lim_rate double precision;

@@ -75,6 +75,7 @@ class store final : public storage_port {
   result<void> cancel_attempt(attempt_id attempt, std::string_view reason) override;
   result<std::optional<std::string>> checkpoint(attempt_id attempt) override;
   result<std::string> register_callback(attempt_id attempt, std::chrono::microseconds timeout) override;
+  result<park_result> park_callback(attempt_id attempt, std::string_view callback_id) override;
   result<callback_poll> await_callback(attempt_id attempt, std::string_view callback_id) override;
   result<bool> resume_callback(std::string_view callback_id, std::string_view payload_json) override;
   result<bool> extend_callback(std::string_view callback_id, std::chrono::microseconds timeout) override;

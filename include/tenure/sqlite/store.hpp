@@ -100,6 +100,17 @@ class store final : public storage_port {
   result<void> cancel_attempt(attempt_id attempt, std::string_view reason) override;
   result<std::optional<std::string>> checkpoint(attempt_id attempt) override;
 
+  // External callbacks, as 0002_callbacks.sql and 0011_parked_callbacks.sql (without NOTIFY: a
+  // blocking waiter polls). A closed attempt's callback is deleted with it.
+  result<std::string> register_callback(attempt_id attempt, std::chrono::microseconds timeout) override;
+  result<callback_poll> await_callback(attempt_id attempt, std::string_view callback_id) override;
+  result<park_result> park_callback(attempt_id attempt, std::string_view callback_id) override;
+  result<bool> resume_callback(std::string_view callback_id, std::string_view payload_json) override;
+  result<bool> extend_callback(std::string_view callback_id, std::chrono::microseconds timeout) override;
+  result<bool> complete_callback(std::string_view callback_id,
+                                 std::optional<std::string> progress_json = std::nullopt) override;
+  result<bool> fail_callback(std::string_view callback_id, std::string_view error, bool retry) override;
+
   result<bool> cancel_job(std::int64_t job_id) override;
   result<bool> retry_job(std::int64_t job_id) override;
   result<job_info> read_job(std::int64_t job_id) override;

@@ -37,6 +37,7 @@ enum class op {
   checkpoint,
   register_callback,
   await_callback,
+  park_callback,
   resume_callback,
   extend_callback,
   complete_callback,
@@ -106,6 +107,7 @@ class faulty_store final : public storage_port {
   result<std::optional<std::string>> checkpoint(attempt_id attempt) override;
   result<std::string> register_callback(attempt_id attempt, std::chrono::microseconds timeout) override;
   result<callback_poll> await_callback(attempt_id attempt, std::string_view callback_id) override;
+  result<park_result> park_callback(attempt_id attempt, std::string_view callback_id) override;
   result<bool> resume_callback(std::string_view callback_id, std::string_view payload_json) override;
   result<bool> extend_callback(std::string_view callback_id, std::chrono::microseconds timeout) override;
   result<bool> complete_callback(std::string_view callback_id,
