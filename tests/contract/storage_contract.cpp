@@ -1471,6 +1471,7 @@ TEST_P(storage_contract, concurrent_producers_of_one_key_get_one_job) {
   EXPECT_EQ(std::count_if(got.begin(), got.end(), [](const enqueue_result& r) { return r.inserted; }), 1);
   for (const auto& r : got) EXPECT_EQ(r.id, got.front().id);
   EXPECT_THAT(claim(), SizeIs(1));
+}
 
 // ---- external callbacks: blocking waits and parked attempts ---------------------------------
 

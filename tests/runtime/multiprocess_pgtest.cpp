@@ -597,6 +597,7 @@ TEST_F(queue_limits_mp, three_processes_claim_within_the_token_bucket_and_reach_
                         " b WHERE b.tx = c.tx)"),
             0)
       << "every claim wrote the bucket";
+}
 
 TEST_F(multiprocess_pg, a_parked_attempt_survives_its_worker_killed_and_is_continued_by_another_process) {
   db_.exec("CREATE TABLE " + s("executions") +

@@ -102,7 +102,7 @@ std::vector<schedule_row> read_schedules(const context& ctx) {
 
 ordered_json optional_text(const std::optional<std::string>& v) { return v ? ordered_json(*v) : ordered_json(); }
 
-int run_list(const context& ctx, bool json) {
+int run_schedule_list(const context& ctx, bool json) {
   const auto schedules = read_schedules(ctx);
   if (json) {
     // args is spliced in as jsonb's own text (never parsed: a number no double holds would
@@ -178,7 +178,7 @@ void register_schedule(CLI::App& app, context& ctx) {
   auto json = std::make_shared<bool>(false);
   auto* list = schedule->add_subcommand("list", "Every schedule with its next and last run");
   list->add_flag("--json", *json, "Print a JSON object");
-  list->callback([&ctx, json] { ctx.run = [&ctx, json] { return run_list(ctx, *json); }; });
+  list->callback([&ctx, json] { ctx.run = [&ctx, json] { return run_schedule_list(ctx, *json); }; });
 }
 
 }  // namespace tenure::cli
