@@ -127,16 +127,18 @@ result<void> remove(const std::string& dsn, const std::string& schema) {
   }
   std::string sql;
   for (const char* t : {"ready", "deferred", "receipts", "done", "dead_letter"}) {
-    sql += "DROP TRIGGER IF EXISTS trace_row ON " + schema + "." + t + ";\n";
-    sql += "DROP TRIGGER IF EXISTS trace_row_update ON " + schema + "." + t + ";\n";
+    for (const char* g : {"trace_insert", "trace_delete", "trace_update"}) {
+      sql += std::string{"DROP TRIGGER IF EXISTS "} + g + " ON " + schema + "." + t + ";\n";
+    }
   }
   sql += "DROP TRIGGER IF EXISTS trace_waiting ON " + schema + ".attempt_state;\n";
   sql += "DROP TRIGGER IF EXISTS trace_waiting_update ON " + schema + ".attempt_state;\n";
   sql += "DROP TABLE IF EXISTS " + schema + ".trace_events, " + schema + ".trace_commits, " + schema +
          ".trace_business;\n";
   sql += "DROP SEQUENCE IF EXISTS " + schema + ".trace_commit_seq;\n";
-  sql += "DROP FUNCTION IF EXISTS " + schema + ".trace_row(), " + schema + ".trace_business_row(), " + schema +
-         ".trace_commit(), " + schema + ".trace_who(text);\n";
+  sql += "DROP FUNCTION IF EXISTS " + schema + ".trace_rows(), " + schema + ".trace_row(), " + schema +
+         ".trace_business_row(), " + schema + ".trace_commit(), " + schema + ".trace_caller(text), " + schema +
+         ".trace_who(text);\n";
   TENURE_TRYV(run(c.get(), sql, {}, "trace remove"));
   TENURE_TRYV(run(c.get(), "COMMIT", {}, "trace remove"));
   return success();

@@ -5,8 +5,9 @@
 --
 -- Placeholder @schema@ (a validated, unquoted identifier), replaced by the installer.
 --
--- One event per row inserted into or deleted from ready, deferred, receipts, done, dead_letter (an
--- UPDATE that changes a row's job, run lease or state is recorded as its delete and its insert),
+-- One event per row inserted into or deleted from ready, deferred, receipts, done, dead_letter
+-- (statement-level triggers with transition tables: one set-based insert per statement; an UPDATE
+-- that changes a row's job, run lease or state is recorded as its delete and its insert),
 -- and per change of attempt_state.waiting (waiting_external). Each event names the tenure
 -- functions on the call stack (`who`, outermost first, from PG_CONTEXT) and the session's
 -- application_name. Events are transactional: a rolled-back transaction or savepoint takes its
@@ -56,45 +57,89 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
    WHERE f IS NOT NULL AND f NOT LIKE 'trace\_%'
 $$;
 
+-- The `who` of the trigger's caller: the stack's text without the trigger function's own line.
+-- Called once per statement (and per rare row-level event).
+CREATE FUNCTION @schema@.trace_caller(context text) RETURNS text
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+  SELECT @schema@.trace_who(substr(context, strpos(context, E'\n') + 1))
+$$;
+
+-- Statement-level: every row a statement inserted into (deleted from) one of the state tables,
+-- one set-based insert per statement. The branches read each table's own columns (PL/pgSQL
+-- compiles a trigger function per table, and a branch only when it first runs).
+CREATE FUNCTION @schema@.trace_rows() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  ctx text;
+  w   text;
+  a   text := coalesce(current_setting('application_name', true), '');
+BEGIN
+  IF TG_OP = 'INSERT' THEN
+    IF NOT EXISTS (SELECT 1 FROM trace_new) THEN RETURN NULL; END IF;
+  ELSIF NOT EXISTS (SELECT 1 FROM trace_old) THEN
+    RETURN NULL;
+  END IF;
+  GET DIAGNOSTICS ctx = PG_CONTEXT;
+  w := @schema@.trace_caller(ctx);
+  IF TG_OP = 'INSERT' THEN
+    IF TG_TABLE_NAME = 'ready' THEN
+      INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, flag, who, app)
+      SELECT 'ready', 'I', x.id, x.run_lease, 'available', x.resume_payload IS NOT NULL, w, a FROM trace_new x;
+    ELSIF TG_TABLE_NAME = 'receipts' THEN
+      INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, who, app)
+      SELECT 'receipts', 'I', x.job_id, x.run_lease, 'running', w, a FROM trace_new x;
+    ELSIF TG_TABLE_NAME = 'dead_letter' THEN
+      INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, who, app)
+      SELECT 'dead_letter', 'I', x.id, x.run_lease, 'failed', w, a FROM trace_new x;
+    ELSE  -- deferred, done: the row's state
+      INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, who, app)
+      SELECT TG_TABLE_NAME, 'I', x.id, x.run_lease, x.state, w, a FROM trace_new x;
+    END IF;
+  ELSE
+    IF TG_TABLE_NAME = 'ready' THEN
+      INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, flag, who, app)
+      SELECT 'ready', 'D', x.id, x.run_lease, 'available', x.resume_payload IS NOT NULL, w, a FROM trace_old x;
+    ELSIF TG_TABLE_NAME = 'receipts' THEN
+      INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, who, app)
+      SELECT 'receipts', 'D', x.job_id, x.run_lease, 'running', w, a FROM trace_old x;
+    ELSIF TG_TABLE_NAME = 'dead_letter' THEN
+      INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, who, app)
+      SELECT 'dead_letter', 'D', x.id, x.run_lease, 'failed', w, a FROM trace_old x;
+    ELSE
+      INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, who, app)
+      SELECT TG_TABLE_NAME, 'D', x.id, x.run_lease, x.state, w, a FROM trace_old x;
+    END IF;
+  END IF;
+  RETURN NULL;
+END $$;
+
+-- Row-level, for the rare updates that change what the trace shows (tenure's functions never
+-- change a row's job, run lease or state in place; a hand-written UPDATE may): the old row's
+-- delete and the new row's insert. And attempt_state.waiting (waiting_external) changes.
 CREATE FUNCTION @schema@.trace_row() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   ctx text;
   w   text;
   a   text := coalesce(current_setting('application_name', true), '');
-  o   jsonb;
-  n   jsonb;
+  o   jsonb := to_jsonb(OLD);
+  n   jsonb := to_jsonb(NEW);
 BEGIN
   GET DIAGNOSTICS ctx = PG_CONTEXT;
-  w := @schema@.trace_who(ctx);
-  IF TG_OP IN ('DELETE', 'UPDATE') THEN
-    o := to_jsonb(OLD);
-  END IF;
-  IF TG_OP IN ('INSERT', 'UPDATE') THEN
-    n := to_jsonb(NEW);
-  END IF;
+  w := @schema@.trace_caller(ctx);
   IF TG_TABLE_NAME = 'attempt_state' THEN
     INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, who, app)
     VALUES ('attempt_state', 'W', (n->>'job_id')::bigint, (n->>'run_lease')::bigint,
             CASE WHEN (n->>'waiting')::boolean THEN 'waiting_external' ELSE 'running' END, w, a);
     RETURN NULL;
   END IF;
-  IF o IS NOT NULL THEN
-    INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, flag, who, app)
-    VALUES (TG_TABLE_NAME, 'D', coalesce(o->>'id', o->>'job_id')::bigint, (o->>'run_lease')::bigint,
-            CASE TG_TABLE_NAME WHEN 'ready' THEN 'available' WHEN 'receipts' THEN 'running'
-                               WHEN 'dead_letter' THEN 'failed' ELSE o->>'state' END,
-            TG_TABLE_NAME = 'ready' AND o->'resume_payload' IS NOT NULL
-              AND jsonb_typeof(o->'resume_payload') <> 'null', w, a);
-  END IF;
-  IF n IS NOT NULL THEN
-    INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, flag, who, app)
-    VALUES (TG_TABLE_NAME, 'I', coalesce(n->>'id', n->>'job_id')::bigint, (n->>'run_lease')::bigint,
-            CASE TG_TABLE_NAME WHEN 'ready' THEN 'available' WHEN 'receipts' THEN 'running'
-                               WHEN 'dead_letter' THEN 'failed' ELSE n->>'state' END,
-            TG_TABLE_NAME = 'ready' AND n->'resume_payload' IS NOT NULL
-              AND jsonb_typeof(n->'resume_payload') <> 'null', w, a);
-  END IF;
+  INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, flag, who, app)
+  SELECT TG_TABLE_NAME, x.op, coalesce(x.r->>'id', x.r->>'job_id')::bigint, (x.r->>'run_lease')::bigint,
+         CASE TG_TABLE_NAME WHEN 'ready' THEN 'available' WHEN 'receipts' THEN 'running'
+                            WHEN 'dead_letter' THEN 'failed' ELSE x.r->>'state' END,
+         TG_TABLE_NAME = 'ready' AND coalesce(jsonb_typeof(x.r->'resume_payload'), 'null') <> 'null', w, a
+    FROM (VALUES (1, 'D'::"char", o), (2, 'I'::"char", n)) AS x(k, op, r)
+   ORDER BY x.k;
   RETURN NULL;
 END $$;
 
@@ -109,7 +154,7 @@ BEGIN
   GET DIAGNOSTICS ctx = PG_CONTEXT;
   INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, who, app)
   VALUES ('business', 'I', (n->>TG_ARGV[0])::bigint, (n->>TG_ARGV[1])::bigint,
-          TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, @schema@.trace_who(ctx),
+          TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, @schema@.trace_caller(ctx),
           coalesce(current_setting('application_name', true), ''));
   RETURN NULL;
 END $$;
@@ -132,32 +177,42 @@ END $$;
 CREATE CONSTRAINT TRIGGER trace_commit AFTER INSERT ON @schema@.trace_events
   DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION @schema@.trace_commit();
 
-CREATE TRIGGER trace_row AFTER INSERT OR DELETE ON @schema@.ready
-  FOR EACH ROW EXECUTE FUNCTION @schema@.trace_row();
-CREATE TRIGGER trace_row_update AFTER UPDATE ON @schema@.ready FOR EACH ROW
+CREATE TRIGGER trace_insert AFTER INSERT ON @schema@.ready REFERENCING NEW TABLE AS trace_new
+  FOR EACH STATEMENT EXECUTE FUNCTION @schema@.trace_rows();
+CREATE TRIGGER trace_delete AFTER DELETE ON @schema@.ready REFERENCING OLD TABLE AS trace_old
+  FOR EACH STATEMENT EXECUTE FUNCTION @schema@.trace_rows();
+CREATE TRIGGER trace_update AFTER UPDATE ON @schema@.ready FOR EACH ROW
   WHEN (OLD.id IS DISTINCT FROM NEW.id OR OLD.run_lease IS DISTINCT FROM NEW.run_lease
         OR (OLD.resume_payload IS NULL) IS DISTINCT FROM (NEW.resume_payload IS NULL))
   EXECUTE FUNCTION @schema@.trace_row();
-CREATE TRIGGER trace_row AFTER INSERT OR DELETE ON @schema@.deferred
-  FOR EACH ROW EXECUTE FUNCTION @schema@.trace_row();
-CREATE TRIGGER trace_row_update AFTER UPDATE ON @schema@.deferred FOR EACH ROW
+CREATE TRIGGER trace_insert AFTER INSERT ON @schema@.deferred REFERENCING NEW TABLE AS trace_new
+  FOR EACH STATEMENT EXECUTE FUNCTION @schema@.trace_rows();
+CREATE TRIGGER trace_delete AFTER DELETE ON @schema@.deferred REFERENCING OLD TABLE AS trace_old
+  FOR EACH STATEMENT EXECUTE FUNCTION @schema@.trace_rows();
+CREATE TRIGGER trace_update AFTER UPDATE ON @schema@.deferred FOR EACH ROW
   WHEN (OLD.id IS DISTINCT FROM NEW.id OR OLD.run_lease IS DISTINCT FROM NEW.run_lease
         OR OLD.state IS DISTINCT FROM NEW.state)
   EXECUTE FUNCTION @schema@.trace_row();
-CREATE TRIGGER trace_row AFTER INSERT OR DELETE ON @schema@.receipts
-  FOR EACH ROW EXECUTE FUNCTION @schema@.trace_row();
-CREATE TRIGGER trace_row_update AFTER UPDATE ON @schema@.receipts FOR EACH ROW
+CREATE TRIGGER trace_insert AFTER INSERT ON @schema@.receipts REFERENCING NEW TABLE AS trace_new
+  FOR EACH STATEMENT EXECUTE FUNCTION @schema@.trace_rows();
+CREATE TRIGGER trace_delete AFTER DELETE ON @schema@.receipts REFERENCING OLD TABLE AS trace_old
+  FOR EACH STATEMENT EXECUTE FUNCTION @schema@.trace_rows();
+CREATE TRIGGER trace_update AFTER UPDATE ON @schema@.receipts FOR EACH ROW
   WHEN (OLD.job_id IS DISTINCT FROM NEW.job_id OR OLD.run_lease IS DISTINCT FROM NEW.run_lease)
   EXECUTE FUNCTION @schema@.trace_row();
-CREATE TRIGGER trace_row AFTER INSERT OR DELETE ON @schema@.done
-  FOR EACH ROW EXECUTE FUNCTION @schema@.trace_row();
-CREATE TRIGGER trace_row_update AFTER UPDATE ON @schema@.done FOR EACH ROW
+CREATE TRIGGER trace_insert AFTER INSERT ON @schema@.done REFERENCING NEW TABLE AS trace_new
+  FOR EACH STATEMENT EXECUTE FUNCTION @schema@.trace_rows();
+CREATE TRIGGER trace_delete AFTER DELETE ON @schema@.done REFERENCING OLD TABLE AS trace_old
+  FOR EACH STATEMENT EXECUTE FUNCTION @schema@.trace_rows();
+CREATE TRIGGER trace_update AFTER UPDATE ON @schema@.done FOR EACH ROW
   WHEN (OLD.id IS DISTINCT FROM NEW.id OR OLD.run_lease IS DISTINCT FROM NEW.run_lease
         OR OLD.state IS DISTINCT FROM NEW.state)
   EXECUTE FUNCTION @schema@.trace_row();
-CREATE TRIGGER trace_row AFTER INSERT OR DELETE ON @schema@.dead_letter
-  FOR EACH ROW EXECUTE FUNCTION @schema@.trace_row();
-CREATE TRIGGER trace_row_update AFTER UPDATE ON @schema@.dead_letter FOR EACH ROW
+CREATE TRIGGER trace_insert AFTER INSERT ON @schema@.dead_letter REFERENCING NEW TABLE AS trace_new
+  FOR EACH STATEMENT EXECUTE FUNCTION @schema@.trace_rows();
+CREATE TRIGGER trace_delete AFTER DELETE ON @schema@.dead_letter REFERENCING OLD TABLE AS trace_old
+  FOR EACH STATEMENT EXECUTE FUNCTION @schema@.trace_rows();
+CREATE TRIGGER trace_update AFTER UPDATE ON @schema@.dead_letter FOR EACH ROW
   WHEN (OLD.id IS DISTINCT FROM NEW.id OR OLD.run_lease IS DISTINCT FROM NEW.run_lease)
   EXECUTE FUNCTION @schema@.trace_row();
 CREATE TRIGGER trace_waiting AFTER INSERT ON @schema@.attempt_state FOR EACH ROW
@@ -165,5 +220,5 @@ CREATE TRIGGER trace_waiting AFTER INSERT ON @schema@.attempt_state FOR EACH ROW
 CREATE TRIGGER trace_waiting_update AFTER UPDATE ON @schema@.attempt_state FOR EACH ROW
   WHEN (OLD.waiting IS DISTINCT FROM NEW.waiting) EXECUTE FUNCTION @schema@.trace_row();
 
-REVOKE ALL ON FUNCTION @schema@.trace_who(text), @schema@.trace_row(), @schema@.trace_business_row(),
-  @schema@.trace_commit() FROM PUBLIC;
+REVOKE ALL ON FUNCTION @schema@.trace_who(text), @schema@.trace_caller(text), @schema@.trace_rows(),
+  @schema@.trace_row(), @schema@.trace_business_row(), @schema@.trace_commit() FROM PUBLIC;
