@@ -563,8 +563,14 @@ TEST_F(multiprocess_pg, caller_owned_jobs_through_a_killed_process_cancels_and_a
           }
         }
         if (!killed && done >= k_charges / 3) {
-          EXPECT_EQ(::kill(victim.pid, SIGKILL), 0);
-          killed = reap(victim, 10s);
+          // Frozen, the victim's open attempts stay open; it dies only while it holds some.
+          EXPECT_EQ(::kill(victim.pid, SIGSTOP), 0);
+          if (scalar_long("SELECT count(*) FROM " + s("receipts") + " WHERE worker = 'mp-w2'") > 0) {
+            EXPECT_EQ(::kill(victim.pid, SIGKILL), 0);
+            killed = reap(victim, 10s);
+          } else {
+            EXPECT_EQ(::kill(victim.pid, SIGCONT), 0);
+          }
         }
         return killed && done == k_charges && scalar_long("SELECT count(*) FROM " + s("receipts")) == 0;
       },
@@ -592,6 +598,7 @@ TEST_F(multiprocess_pg, caller_owned_jobs_through_a_killed_process_cancels_and_a
   EXPECT_GE(tr.by_transition.value("running->cancelled", 0), 1) << "no running attempt was cancelled";
   EXPECT_EQ(tr.by_who.value("admin_retry", 0), retried);
   EXPECT_GE(tr.by_transition.value("running->retryable", 0), 1) << "rolled-back first attempts were retried";
+  EXPECT_GE(tr.by_who.value("rescue", 0), 1) << "the killed process's open attempts were rescued";
   std::cout << "caller-owned: " << k_charges << " jobs; cancelled " << cancels << " (picked running: " << cancelled_running
             << "), admin retries "
             << retried << ", rescued " << tr.by_who.value("rescue", 0) << "\n";
