@@ -106,17 +106,24 @@ TEST_F(trace_pg, a_run_through_every_closing_function_records_committed_transiti
   EXPECT_EQ(db_.scalar("SELECT " + s("resume_callback") + "($1)", {cb}), "t");
   ASSERT_EQ(claim(), d);
   db_.exec("SELECT * FROM " + s("complete_batch") + "(ARRAY[$1::bigint], ARRAY[1::bigint])", {d});
+  // A parked attempt finished from outside.
+  const auto e = db_.scalar("SELECT " + s("enqueue") + "('e')");
+  ASSERT_EQ(claim(), e);
+  const auto cb2 = db_.scalar("SELECT " + s("register_callback") + "($1, 1, '1 minute')", {e});
+  EXPECT_EQ(db_.scalar("SELECT " + s("park_callback") + "($1, 1, $2)", {e, cb2}), "parked");
+  EXPECT_EQ(db_.scalar("SELECT " + s("complete_callback") + "($1)", {cb2}), "t");
 
   const auto r = checked();
   EXPECT_TRUE(r.ok()) << trace::to_json(r).dump(2);
-  EXPECT_EQ(r.jobs, 4u);
+  EXPECT_EQ(r.jobs, 5u);
   EXPECT_EQ(r.business_writes, 1u) << "the rolled-back transaction left no event";
   for (const char* who : {"enqueue", "claim", "worker", "caller", "promote", "rescue", "cancel", "admin_retry", "callback"}) {
     EXPECT_GE(r.by_who.value(who, 0), 1) << who << " in " << r.by_who.dump();
   }
-  EXPECT_EQ(r.by_transition.value("running->waiting_external", 0), 1);
+  EXPECT_EQ(r.by_transition.value("running->waiting_external", 0), 2);
+  EXPECT_EQ(r.by_transition.value("waiting_external->running", 0), 1) << "complete_callback resolves the wait";
   EXPECT_EQ(r.by_transition.value("waiting_external->available", 0), 1);
-  EXPECT_EQ(r.by_transition.value("running->completed", 0), 4);
+  EXPECT_EQ(r.by_transition.value("running->completed", 0), 5);
   EXPECT_EQ(r.by_transition.value("running->cancelled", 0), 1);
   EXPECT_EQ(r.by_transition.value("cancelled->available", 0), 1);
 }

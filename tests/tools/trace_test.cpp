@@ -114,6 +114,20 @@ TEST(trace_checker, a_completion_with_no_live_attempt_breaks_property_1) {
   EXPECT_TRUE(breaks(b.checked(), 1, "stale_finalization"));
 }
 
+TEST(trace_checker, a_completion_of_an_attempt_waiting_for_its_callback_breaks_property_1) {
+  builder b;
+  b.claimed(1)
+      .step(1, {"running", 1}, {"waiting_external", 1}, "park_callback")
+      .step(1, {"waiting_external", 1}, {"completed", 1}, "complete_batch");
+  EXPECT_TRUE(breaks(b.checked(), 1, "completion_while_waiting"));
+  builder callback;  // complete_callback resolves the wait, then completes
+  callback.claimed(1)
+      .step(1, {"running", 1}, {"waiting_external", 1}, "park_callback")
+      .step(1, {"waiting_external", 1}, {"running", 1}, "complete_callback")
+      .step(1, {"running", 1}, {"completed", 1}, "complete_callback>complete_batch", /*same_tx=*/true);
+  EXPECT_TRUE(passes(callback.checked()));
+}
+
 // ---- property 2: one terminal outcome -------------------------------------------------------------
 
 TEST(trace_checker, two_terminal_outcomes_of_one_job_break_property_2) {

@@ -265,6 +265,11 @@ class checker {
                   "the live attempt " + std::to_string(f.lease) + " was closed with an outcome of run lease " +
                       std::to_string(to.lease));
     }
+    if (f.state == "waiting_external" && to.state == "completed") {
+      // complete_batch refuses an attempt waiting for its callback; complete_callback resolves the
+      // wait first (waiting_external -> running -> completed in one transaction).
+      return fail(j, t, 1, "completion_while_waiting", "an attempt waiting for its callback was completed as if it ran");
+    }
     if ((to.state == "completed" || to.state == "failed") && !live(f.state) && !terminal(f.state)) {
       return fail(j, t, 1, "stale_finalization", "an outcome " + to.state + " was recorded with no live attempt");
     }
