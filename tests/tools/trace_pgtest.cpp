@@ -147,6 +147,36 @@ TEST_F(trace_pg, a_completion_recorded_by_hand_for_an_older_lease_fails_property
   EXPECT_EQ(r.violations.front().transitions.back().who, "") << "SQL run by hand names no tenure function";
 }
 
+TEST_F(trace_pg, a_stale_completion_through_a_guardless_complete_batch_fails_property_1_as_the_models_mutant) {
+  // The SQL counterpart of `spin -DMUTANT`: lease 1 claimed, rescued, lease 2 claimed; the stale
+  // completion of lease 1 is refused by tenure's guarded complete_batch (the trace passes) and
+  // applied by a complete_batch without its (job_id, run_lease) guard (the trace fails).
+  install();
+  const auto j = db_.scalar("SELECT " + s("enqueue") + "('a')");
+  ASSERT_EQ(claim(), j);
+  db_.exec("SELECT * FROM " + s("rescue_stale") + "('0 seconds')");
+  ASSERT_EQ(claim(), j);
+  const std::string stale = "SELECT count(*) FROM " + s("complete_batch") + "(ARRAY[$1::bigint], ARRAY[1::bigint])";
+  EXPECT_EQ(db_.scalar(stale, {j}), "0");
+  EXPECT_TRUE(checked().ok());
+  db_.exec("CREATE OR REPLACE FUNCTION " + s("complete_batch") +
+           "(job_ids bigint[], run_leases bigint[], progress jsonb[] DEFAULT NULL) "
+           "RETURNS TABLE(job_id bigint, run_lease bigint, completed_at timestamptz) LANGUAGE plpgsql SECURITY DEFINER "
+           "SET search_path = pg_catalog, pg_temp AS $$ #variable_conflict use_column\nBEGIN RETURN QUERY "
+           "WITH closed AS (DELETE FROM " + s("receipts") + " r WHERE r.job_id = job_ids[1] RETURNING r.*) "
+           "INSERT INTO " + s("done") + " (id, queue, kind, args, state, priority, attempt, max_attempts, run_lease, run_at, "
+           "created_at, finalized_at) SELECT c.job_id, c.queue, c.kind, c.args, 'completed', c.priority, c.attempt, "
+           "c.max_attempts, run_leases[1], c.run_at, c.created_at, now() FROM closed c "
+           "RETURNING id, run_lease, finalized_at; END $$");
+  EXPECT_EQ(db_.scalar(stale, {j}), "1");
+  const auto r = checked();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.violations.front().rule, "stale_finalization") << rules(r);
+  EXPECT_EQ(r.violations.front().transitions.back().from, (trace::point{"running", 2}));
+  EXPECT_EQ(r.violations.front().transitions.back().to, (trace::point{"completed", 1}));
+  EXPECT_EQ(r.violations.front().transitions.back().who, "complete_batch");
+}
+
 TEST_F(trace_pg, a_second_terminal_outcome_written_by_hand_fails_property_2) {
   install();
   const auto j = db_.scalar("SELECT " + s("enqueue") + "('a')");
