@@ -128,6 +128,21 @@ TEST_F(trace_pg, a_run_through_every_closing_function_records_committed_transiti
   EXPECT_EQ(r.by_transition.value("cancelled->available", 0), 1);
 }
 
+TEST_F(trace_pg, jobs_from_before_the_recorder_are_checked_from_where_the_trace_first_sees_them) {
+  const auto rescued = db_.scalar("SELECT " + s("enqueue") + "('a')");
+  ASSERT_EQ(claim(), rescued);
+  const auto completed = db_.scalar("SELECT " + s("enqueue") + "('b')");
+  ASSERT_EQ(claim(), completed);
+  install();
+  db_.exec("SELECT * FROM " + s("complete_batch") + "(ARRAY[$1::bigint], ARRAY[1::bigint])", {completed});
+  db_.exec("SELECT * FROM " + s("rescue_stale") + "('0 seconds')");
+  ASSERT_EQ(claim(), rescued);
+  const auto r = checked();
+  EXPECT_TRUE(r.ok()) << trace::to_json(r).dump(2);
+  EXPECT_EQ(r.by_transition.value("running->available", 0), 1);
+  EXPECT_EQ(r.by_transition.value("running->completed", 0), 1);
+}
+
 TEST_F(trace_pg, a_completion_recorded_by_hand_for_an_older_lease_fails_property_1) {
   install();
   const auto j = db_.scalar("SELECT " + s("enqueue") + "('a')");

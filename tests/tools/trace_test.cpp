@@ -274,6 +274,20 @@ TEST(trace_derive, a_job_first_seen_mid_life_starts_its_history_there) {
   EXPECT_TRUE(passes(check(t)));
 }
 
+TEST(trace_derive, a_job_from_before_the_recorder_rescued_with_its_insert_recorded_first_starts_from_its_receipt) {
+  std::vector<event> ev = {
+      {1, 1, "a", "ready", 'I', 9, 3, "available", false, "maintain>rescue_attempts", "w"},
+      {1, 2, "a", "receipts", 'D', 9, 3, "running", false, "maintain>rescue_attempts", "w"},
+      {2, 3, "b", "ready", 'D', 9, 3, "available", false, "claim_attempts", "w"},
+      {2, 4, "b", "receipts", 'I', 9, 4, "running", false, "claim_attempts", "w"},
+  };
+  const auto t = derive(ev);
+  ASSERT_EQ(t.transitions.size(), 2u);
+  EXPECT_EQ(t.transitions[0].from, (point{"running", 3}));
+  EXPECT_EQ(t.transitions[0].to, (point{"available", 3}));
+  EXPECT_TRUE(passes(check(t)));
+}
+
 TEST(trace_report, the_summary_names_the_first_violating_transitions) {
   builder b;
   b.claimed(1)

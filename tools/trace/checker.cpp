@@ -51,6 +51,7 @@ class deriver {
   explicit deriver(trace& out) : out_(out) {}
 
   void run(const std::vector<event>& events) {
+    seed_rows_from_before_the_trace(events);
     std::size_t i = 0;
     while (i < events.size()) {
       std::size_t j = i;
@@ -67,6 +68,26 @@ class deriver {
   }
 
  private:
+  /// A row deleted that no event inserted existed before the recorder (the trace starts mid-life):
+  /// its job starts from it, whatever order the statement's row events come in.
+  void seed_rows_from_before_the_trace(const std::vector<event>& events) {
+    std::set<std::tuple<std::int64_t, std::string, std::int64_t>> inserted;
+    for (const auto& e : events) {
+      if (e.tbl == "business" || e.tbl == "attempt_state") continue;
+      const auto key = std::make_tuple(e.job_id, e.tbl, e.run_lease);
+      if (e.op == 'I') {
+        inserted.insert(key);
+      } else if (e.op == 'D' && !inserted.count(key)) {
+        auto& j = jobs_[e.job_id];
+        if (j.seen) continue;  // only the first: a job holds one row at a time
+        j.seen = true;
+        j.rows.push_back({e.tbl, e.run_lease, e.state, e.flag});
+        j.last = point_of(j.rows.back());
+        inserted.insert(key);
+      }
+    }
+  }
+
   void emit(job_rows& j, const point& to, const event& e) {
     if (to == j.last) return;
     out_.transitions.push_back({e.commit_seq, e.seq, e.xid, e.job_id, j.last, to, e.who, e.app});
