@@ -11,7 +11,11 @@
 // span lies inside the attempt's claim and completion. Kind "park" records its
 // execution, then registers a callback (timeout 60 s) and parks on it (job_outcome::park); the
 // continuation (resumed_with() set) records its execution again and completes with the payload
-// as its progress. With "no-maintenance"
+// as its progress. Kind "charge" is caller-owned: on a connection of its own it opens a
+// transaction, inserts its business row into <schema>.orders (job_id, run_lease), completes the
+// attempt in that transaction (complete_in_tx), works 1-3 ms, then commits; the first attempt of
+// a job whose id is a multiple of 7 rolls back instead and reports an error (so it is retried).
+// With "no-maintenance"
 // the process never takes the maintenance lease. Every session of the process (runtime and
 // handlers) is named tenure-mp-<WORKER_NAME>.
 //
@@ -34,6 +38,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "tenure/libpq.hpp"
 #include "tenure/postgres/runtime.hpp"
 
 namespace {
@@ -47,17 +52,49 @@ class exec_recorder {
       : dsn_(std::move(dsn)), worker_(std::move(worker)), app_(std::move(application_name)),
         sql_("INSERT INTO " + schema + ".executions (job_id, run_lease, worker) VALUES ($1::bigint, $2::bigint, $3)"),
         span_sql_("INSERT INTO " + schema + ".spans (job_id, worker, started_at, ended_at) VALUES ($1::bigint, $3, "
-                  "clock_timestamp() - $2::bigint * interval '1 microsecond', clock_timestamp())") {}
+                  "clock_timestamp() - $2::bigint * interval '1 microsecond', clock_timestamp())"),
+        orders_sql_("INSERT INTO " + schema + ".orders (job_id, run_lease) VALUES ($1::bigint, $2::bigint)") {}
 
   /// Inserts and commits one execution row; throws when it could not (the runtime then retries
   /// the job, which is what a real handler failing its effect looks like).
   void record(std::int64_t job_id, std::int64_t run_lease) const { run(sql_, job_id, run_lease); }
 
+  /// The caller-owned transaction of kind "charge": BEGIN, the business row, complete_in_tx, a
+  /// little work, then COMMIT (or ROLLBACK when `commit` is false). Returns complete_in_tx's answer,
+  /// or database_unavailable when the connection failed.
+  tenure::result<tenure::finalization_receipt> charge(tenure::caller_owned_context& ctx, bool commit) const {
+    PGconn* c = connection();
+    const auto ok = [&](const std::string& sql, std::vector<std::string> params = {}) {
+      std::vector<const char*> values;
+      for (const auto& p : params) values.push_back(p.c_str());
+      PGresult* r = PQexecParams(c, sql.c_str(), static_cast<int>(values.size()), nullptr, values.data(), nullptr, nullptr, 0);
+      const bool good = PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK;
+      PQclear(r);
+      return good;
+    };
+    if (!ok("BEGIN") ||
+        !ok(orders_sql_, {std::to_string(ctx.job_id()), std::to_string(ctx.run_lease())})) {
+      ok("ROLLBACK");
+      return tenure::error{tenure::errc::database_unavailable, "orders: " + std::string{PQerrorMessage(c)}};
+    }
+    auto receipt = ctx.complete_in_tx(c);
+    thread_local std::mt19937 rng{std::random_device{}()};
+    std::this_thread::sleep_for(std::chrono::microseconds{1000 + rng() % 2000});
+    if (!receipt || !commit) {
+      ok("ROLLBACK");
+      if (!receipt) return receipt;
+      return tenure::error{tenure::errc::database_unavailable, "the provider said no: rolled back"};
+    }
+    if (!ok("COMMIT")) return tenure::error{tenure::errc::commit_in_doubt, PQerrorMessage(c)};
+    return receipt;
+  }
+
   /// Inserts and commits one span row: it ended now and lasted `us` microseconds.
   void span(std::int64_t job_id, std::int64_t us) const { run(span_sql_, job_id, us); }
 
  private:
-  void run(const std::string& sql, std::int64_t a, std::int64_t b) const {
+  /// This thread's session, (re)opened when needed; throws when it cannot connect.
+  PGconn* connection() const {
     struct conn_holder {
       PGconn* c = nullptr;
       ~conn_holder() {
@@ -78,10 +115,15 @@ class exec_recorder {
         throw std::runtime_error("executions: cannot connect: " + msg);
       }
     }
+    return conn.c;
+  }
+
+  void run(const std::string& sql, std::int64_t a, std::int64_t b) const {
+    PGconn* c = connection();
     const std::string first = std::to_string(a), second = std::to_string(b);
     const char* values[] = {first.c_str(), second.c_str(), worker_.c_str()};
     // BEGIN; INSERT; COMMIT as one autocommit statement: the row is durable when this returns.
-    PGresult* r = PQexecParams(conn.c, sql.c_str(), 3, nullptr, values, nullptr, nullptr, 0);
+    PGresult* r = PQexecParams(c, sql.c_str(), 3, nullptr, values, nullptr, nullptr, 0);
     const bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
     std::string err = ok ? "" : PQresultErrorMessage(r);
     PQclear(r);
@@ -93,6 +135,7 @@ class exec_recorder {
   std::string app_;
   std::string sql_;
   std::string span_sql_;
+  std::string orders_sql_;
 };
 
 }  // namespace
@@ -173,6 +216,10 @@ int main(int argc, char** argv) {
     auto cb = ctx.register_callback(60s);
     if (!cb) return tenure::job_outcome::retry("register_callback: " + cb.error().message());
     return tenure::job_outcome::park(cb.value());
+  });
+
+  rt->handle_caller_owned("charge", [&recorder](tenure::caller_owned_context& ctx) {
+    return recorder.charge(ctx, !(ctx.job_id() % 7 == 0 && ctx.attempt() == 1));
   });
 
   std::atomic<std::uint64_t> completed{0};
