@@ -464,7 +464,8 @@ class soak_run {
       }
       if (now >= next_kill) {
         next_kill += kill_every;
-        const std::size_t i = rng() % slots_.size();
+        // Worker 1 is never killed (when there are others), so its memory shows over the whole run.
+        const std::size_t i = slots_.size() == 1 ? 0 : 1 + rng() % (slots_.size() - 1);
         if (alive(i)) {
           kill_worker(i);
           respawns.emplace_back(now + std::chrono::milliseconds{500 + rng() % 2000}, i);
