@@ -17,7 +17,8 @@ int hex_digit(char c) {
   return -1;
 }
 
-/// %XX decoded (and + as a space in a query); a broken escape is a 400.
+/// %XX decoded (and + as a space in a query); a broken escape is a 400, and so is a NUL (%00):
+/// libpq would end a query parameter there, so "a%00b" would name the queue "a".
 std::string decode(std::string_view text, bool plus_is_space) {
   std::string out;
   for (std::size_t i = 0; i < text.size(); ++i) {
@@ -31,6 +32,7 @@ std::string decode(std::string_view text, bool plus_is_space) {
     } else {
       out += plus_is_space && text[i] == '+' ? ' ' : text[i];
     }
+    if (out.back() == '\0') throw http_error(400, "the URL holds a NUL character (%00)");
   }
   return out;
 }

@@ -34,7 +34,8 @@ inline constexpr int k_max_limit = 500;
 
 /// A request target split into its path's segments (each percent-decoded; a trailing slash is an
 /// empty last segment) and its query (keys and values decoded, `+` as a space; a repeated key
-/// keeps its last value). Throws http_error 400 for a target that is not a path or a broken %XX.
+/// keeps its last value). Throws http_error 400 for a target that is not a path, a broken %XX or
+/// a NUL character (%00), which no name holds and a query parameter cannot carry.
 struct request_target {
   std::vector<std::string> segments;
   std::map<std::string, std::string> query;
