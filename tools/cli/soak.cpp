@@ -63,6 +63,9 @@ void register_soak(CLI::App& app, context& ctx) {
           if (out.at(key).get<long>() != 0) failed += " " + key + "=" + std::to_string(out.at(key).get<long>());
         }
         if (!out.at("drained").get<bool>()) failed += " drained=false";
+        if (out.value("trace_violations", 0L) != 0) {
+          failed += " trace_violations=" + std::to_string(out.at("trace_violations").get<long>());
+        }
         throw command_error("soak: checks failed:" + failed + " (records kept in schema " +
                             out.at("schema").get<std::string>() + "_rec)");
       }

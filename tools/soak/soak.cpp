@@ -25,6 +25,7 @@
 
 #include "cli/pg_session.hpp"
 #include "soak/soak.hpp"
+#include "trace/trace.hpp"
 #include "tenure/libpq.hpp"
 #include "tenure/postgres/schema.hpp"
 
@@ -188,7 +189,12 @@ class soak_run {
     out["worker_peak_rss_mb"] = peaks;
     out["worker_rss_mb"] = rss_samples_;
     out["tables"] = table_samples_;
-    const bool ok = passed(out) && drained;
+    // Every transition the run caused, checked against the protocol model's properties.
+    auto traced = trace::check_database(opts_.dsn, n_.tenure);
+    if (!traced) throw std::runtime_error("soak: cannot read the transition trace: " + traced.error().message());
+    out["trace"] = trace::to_json(traced.value(), 5);
+    out["trace_violations"] = traced.value().violations.size();
+    const bool ok = passed(out) && drained && traced.value().ok();
     out["ok"] = ok;
     out["logs"] = log_dir_;
     if (ok && !opts_.keep_schema) {
@@ -208,6 +214,11 @@ class soak_run {
     }
     cli::pg_session db{opts_.dsn};
     create_records(db, n_);
+    // The transition recorder (opt-in triggers): the caller-owned business rows are the effects
+    // whose attempts must have completed in the same transaction.
+    if (auto t = trace::install(opts_.dsn, n_.tenure, {{.name = n_.rec + ".business"}}); !t) {
+      throw std::runtime_error("soak: cannot install the transition recorder: " + t.error().message());
+    }
     db.query("CREATE INDEX ON " + n_.rec + ".callbacks (created_at) WHERE resolve = 'resume' AND resolved_at IS NULL",
              {}, "soak: setup");
     slots_.resize(static_cast<std::size_t>(opts_.workers));
