@@ -316,6 +316,7 @@ grant_list grants_of(grant_kind kind) {
                        "release_leadership(text, bigint)",
                        "maintain(text, bigint, interval)",
                        "attempt_evidence(bigint, bigint)",
+                       "attempt_evidence_batch(bigint[], bigint[])",
                        "attempt_checkpoint(bigint, bigint)",
                        "register_callback(bigint, bigint, interval)",
                        "await_callback(bigint, bigint, uuid)",

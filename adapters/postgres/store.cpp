@@ -70,8 +70,7 @@ struct statements {
                                         ".maintain($1, $2::bigint, $3::interval)"},
         evidence{"tenure_evidence", "SELECT " + s + ".attempt_evidence($1::bigint, $2::bigint)"},
         evidence_batch{"tenure_evidence_batch",
-                       "SELECT " + s + ".attempt_evidence(a.job_id, a.run_lease) FROM unnest($1::bigint[], "
-                       "$2::bigint[]) WITH ORDINALITY AS a(job_id, run_lease, ord) ORDER BY a.ord"},
+                       "SELECT evidence FROM " + s + ".attempt_evidence_batch($1::bigint[], $2::bigint[]) ORDER BY ord"},
         version{"tenure_schema_version", "SELECT coalesce(max(version), 0) FROM " + s + ".schema_version"},
         configure_queue{"tenure_configure_queue",
                         "INSERT INTO " + s +

@@ -454,6 +454,48 @@ TEST_F(sql_contract, complete_job_completes_an_attempt_whose_job_id_has_nineteen
   EXPECT_EQ(state_of(id), "completed");
 }
 
+// The runtime reads the evidence of a batch of attempts with one call; each answer must be what
+// attempt_evidence answers for that attempt alone, in input order (repeats and unknowns included).
+TEST_F(sql_contract, attempt_evidence_batch_answers_as_attempt_evidence_does_in_input_order) {
+  // Rescued first (its own queue, so later claims leave it alone), then one completed, one open.
+  const auto rescued_id = enqueue("k", ", '{}', 'rq'");
+  const auto rescued = claim(1, "rq").at(0);
+  db_.exec("SELECT count(*) FROM " + s("rescue_attempts") + "('0 seconds')");
+  ASSERT_EQ(state_of(rescued_id), "available");
+  const auto done_id = enqueue("k");
+  const auto finished = claim(1).at(0);
+  db_.exec("SELECT * FROM " + s("complete_job") + "($1)", {finished.token});
+  const auto open_id = enqueue("k");
+  const auto open = claim(1).at(0);
+  ASSERT_EQ(open.job_id, open_id);
+  ASSERT_EQ(finished.job_id, done_id);
+  const std::vector<std::pair<std::string, std::string>> asked = {
+      {open.job_id, open.run_lease},         {finished.job_id, finished.run_lease}, {rescued.job_id, rescued.run_lease},
+      {finished.job_id, "7"},                {"999999999", "1"},                    {open.job_id, open.run_lease},
+      {rescued.job_id, "0"}};
+  std::string ids = "{", leases = "{";
+  for (std::size_t i = 0; i < asked.size(); ++i) {
+    ids += (i ? "," : "") + asked[i].first;
+    leases += (i ? "," : "") + asked[i].second;
+  }
+  const auto batch = db_.exec("SELECT ord, evidence FROM " + s("attempt_evidence_batch") +
+                                  "($1::bigint[], $2::bigint[]) ORDER BY ord",
+                              {ids + "}", leases + "}"});
+  ASSERT_EQ(batch.rows.size(), asked.size());
+  std::vector<std::string> seen;
+  for (std::size_t i = 0; i < asked.size(); ++i) {
+    EXPECT_EQ(batch.at(static_cast<int>(i), 0), std::to_string(i + 1));
+    const auto one = db_.scalar("SELECT " + s("attempt_evidence") + "($1::bigint, $2::bigint)",
+                                {asked[i].first, asked[i].second});
+    EXPECT_EQ(batch.at(static_cast<int>(i), 1), one) << "attempt " << i;
+    seen.push_back(one);
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{"open", "completed", "closed_by_other", "closed_by_other", "unknown_job",
+                                            "open", "closed_by_other"}));
+  EXPECT_EQ(db_.query("SELECT * FROM " + s("attempt_evidence_batch") + "('{1,2}', '{1}')").sqlstate, "22023");
+  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("attempt_evidence_batch") + "('{}', '{}')"), "0");
+}
+
 TEST_F(sql_contract, fail_job_retries_with_backoff_then_fails_when_attempts_are_spent) {
   const auto id = enqueue("k", ", '{}', 'default', 2, NULL, 2");
   auto c = claim(1);
