@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -181,6 +182,11 @@ class soak_run {
                              {"server_restarts", restarts_}};
     if (opts_.restart_command.empty()) faults["skipped"] = {"server_restart: no --restart-command given"};
     out["faults"] = faults;
+    {
+      std::lock_guard lock{mu_};
+      out["worker_exits"] = worker_exits_;
+      out["worker_crashes"] = crashes_;
+    }
     nlohmann::json peaks = nlohmann::json::array();
     {
       std::lock_guard lock{mu_};
@@ -194,7 +200,7 @@ class soak_run {
     if (!traced) throw std::runtime_error("soak: cannot read the transition trace: " + traced.error().message());
     out["trace"] = trace::to_json(traced.value(), 5);
     out["trace_violations"] = traced.value().violations.size();
-    const bool ok = passed(out) && drained && traced.value().ok();
+    const bool ok = passed(out) && drained && traced.value().ok() && crashes_ == 0;
     out["ok"] = ok;
     out["logs"] = log_dir_;
     if (ok && !opts_.keep_schema) {
@@ -255,9 +261,31 @@ class soak_run {
     int status = 0;
     if (::waitpid(s.pid, &status, WNOHANG) == s.pid) {
       s.pid = -1;
+      record_exit(i, status);
       return false;
     }
     return true;
+  }
+
+  /// A worker that ended without being killed: how it ended and the end of its log, for the report.
+  void record_exit(std::size_t i, int status) {
+    const std::string name = "w" + std::to_string(i + 1) + "-" + std::to_string(slots_[i].incarnation);
+    const bool crashed = WIFSIGNALED(status);
+    const std::string how = crashed ? "signal " + std::to_string(WTERMSIG(status))
+                                    : "exit " + std::to_string(WEXITSTATUS(status));
+    std::string tail;
+    if (std::ifstream in{log_dir_ + "/" + name + ".log"}) {
+      std::string line;
+      std::deque<std::string> last;
+      while (std::getline(in, line)) {
+        last.push_back(line);
+        if (last.size() > 3) last.pop_front();
+      }
+      for (const auto& l : last) tail += (tail.empty() ? "" : "\n") + l;
+    }
+    if (crashed) ++crashes_;
+    worker_exits_.push_back({{"worker", name}, {"how", how}, {"log_tail", tail}});
+    std::fprintf(stderr, "soak: worker %s ended by itself (%s): %s\n", name.c_str(), how.c_str(), tail.c_str());
   }
 
   void kill_worker(std::size_t i) {
@@ -465,6 +493,11 @@ class soak_run {
     while (clock::now() < end) {
       std::this_thread::sleep_for(100ms);
       const auto now = clock::now();
+      // A worker that ended by itself (say, started while the server was restarting) comes back.
+      for (std::size_t i = 0; i < slots_.size(); ++i) {
+        const bool pending = std::any_of(respawns.begin(), respawns.end(), [&](const auto& r) { return r.second == i; });
+        if (!pending && !alive(i)) respawns.emplace_back(now + 1s, i);
+      }
       for (auto it = respawns.begin(); it != respawns.end();) {
         if (it->first <= now) {
           spawn(it->second);
@@ -509,6 +542,8 @@ class soak_run {
   std::atomic<bool> running_{true};
   std::atomic<long> producer_errors_{0}, resumed_{0}, cancels_{0};
   long kills_ = 0, terminations_ = 0, restarts_ = 0;
+  long crashes_ = 0;                                        // guarded by mu_
+  nlohmann::json worker_exits_ = nlohmann::json::array();  // guarded by mu_
   nlohmann::json rss_samples_ = nlohmann::json::array();
   nlohmann::json table_samples_ = nlohmann::json::array();
 };
