@@ -11,11 +11,15 @@
 // span lies inside the attempt's claim and completion. Kind "park" records its
 // execution, then registers a callback (timeout 60 s) and parks on it (job_outcome::park); the
 // continuation (resumed_with() set) records its execution again and completes with the payload
-// as its progress. With "no-maintenance"
+// as its progress. Kind "charge" is caller-owned: in one transaction of its handler thread's
+// session it inserts the business row <schema>.orders (job_id, run_lease) and finishes the
+// attempt with complete_in_tx; once the COMMIT was acknowledged it prints "acked <job_id>
+// <run_lease>" on stdout (the failover tests check that no acknowledged one is lost). With "no-maintenance"
 // the process never takes the maintenance lease. Every session of the process (runtime and
 // handlers) is named tenure-mp-<WORKER_NAME>.
 //
-// stdout carries only the protocol with the test: "ready" once the runtime started, and
+// stdout carries only the protocol with the test: "ready" once the runtime started, the "acked"
+// lines of "charge", and
 // "completed=<n> stale=<n>" after a SIGTERM/SIGINT made it stop (then it exits 0). Logs go to
 // stderr. It never exits on its own otherwise.
 #include <libpq-fe.h>
@@ -26,6 +30,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -34,6 +39,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "tenure/libpq.hpp"
 #include "tenure/postgres/runtime.hpp"
 
 namespace {
@@ -46,6 +52,7 @@ class exec_recorder {
   exec_recorder(std::string dsn, std::string schema, std::string worker, std::string application_name)
       : dsn_(std::move(dsn)), worker_(std::move(worker)), app_(std::move(application_name)),
         sql_("INSERT INTO " + schema + ".executions (job_id, run_lease, worker) VALUES ($1::bigint, $2::bigint, $3)"),
+        orders_sql_("INSERT INTO " + schema + ".orders (job_id, run_lease) VALUES ($1::bigint, $2::bigint)"),
         span_sql_("INSERT INTO " + schema + ".spans (job_id, worker, started_at, ended_at) VALUES ($1::bigint, $3, "
                   "clock_timestamp() - $2::bigint * interval '1 microsecond', clock_timestamp())") {}
 
@@ -56,8 +63,38 @@ class exec_recorder {
   /// Inserts and commits one span row: it ended now and lasted `us` microseconds.
   void span(std::int64_t job_id, std::int64_t us) const { run(span_sql_, job_id, us); }
 
+  /// The business row and the attempt's completion in one transaction; "acked" once committed.
+  tenure::result<tenure::finalization_receipt> charge(tenure::caller_owned_context& ctx) const {
+    PGconn* c = session();
+    const std::string job = std::to_string(ctx.job_id()), lease = std::to_string(ctx.run_lease());
+    auto exec = [c](const char* sql, int n = 0, const char* const* values = nullptr) {
+      PGresult* r = PQexecParams(c, sql, n, nullptr, values, nullptr, nullptr, 0);
+      const bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+      PQclear(r);
+      return ok;
+    };
+    const char* values[] = {job.c_str(), lease.c_str()};
+    if (!exec("BEGIN") || !exec(orders_sql_.c_str(), 2, values)) {
+      exec("ROLLBACK");
+      return tenure::error{tenure::errc::database_unavailable, "orders: insert failed"};
+    }
+    auto receipt = ctx.complete_in_tx(c);
+    if (!receipt) {
+      exec("ROLLBACK");
+      return receipt;
+    }
+    // An error answer to COMMIT may hide a commit: reconciliation decides (design.md §6).
+    if (!exec("COMMIT")) return tenure::error{tenure::errc::commit_in_doubt, "orders: COMMIT unanswered"};
+    static std::mutex out;
+    const std::lock_guard lock{out};
+    std::printf("acked %s %s\n", job.c_str(), lease.c_str());
+    std::fflush(stdout);
+    return receipt;
+  }
+
  private:
-  void run(const std::string& sql, std::int64_t a, std::int64_t b) const {
+  /// This handler thread's session, (re)opened when it is missing or broke.
+  PGconn* session() const {
     struct conn_holder {
       PGconn* c = nullptr;
       ~conn_holder() {
@@ -78,10 +115,15 @@ class exec_recorder {
         throw std::runtime_error("executions: cannot connect: " + msg);
       }
     }
+    return conn.c;
+  }
+
+  void run(const std::string& sql, std::int64_t a, std::int64_t b) const {
+    PGconn* c = session();
     const std::string first = std::to_string(a), second = std::to_string(b);
     const char* values[] = {first.c_str(), second.c_str(), worker_.c_str()};
     // BEGIN; INSERT; COMMIT as one autocommit statement: the row is durable when this returns.
-    PGresult* r = PQexecParams(conn.c, sql.c_str(), 3, nullptr, values, nullptr, nullptr, 0);
+    PGresult* r = PQexecParams(c, sql.c_str(), 3, nullptr, values, nullptr, nullptr, 0);
     const bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
     std::string err = ok ? "" : PQresultErrorMessage(r);
     PQclear(r);
@@ -92,6 +134,7 @@ class exec_recorder {
   std::string worker_;
   std::string app_;
   std::string sql_;
+  std::string orders_sql_;
   std::string span_sql_;
 };
 
@@ -173,6 +216,14 @@ int main(int argc, char** argv) {
     auto cb = ctx.register_callback(60s);
     if (!cb) return tenure::job_outcome::retry("register_callback: " + cb.error().message());
     return tenure::job_outcome::park(cb.value());
+  });
+
+  rt->handle_caller_owned("charge", [&recorder](tenure::caller_owned_context& ctx) {
+    try {
+      return recorder.charge(ctx);
+    } catch (const std::exception& e) {
+      return tenure::result<tenure::finalization_receipt>{tenure::error{tenure::errc::database_unavailable, e.what()}};
+    }
   });
 
   std::atomic<std::uint64_t> completed{0};
