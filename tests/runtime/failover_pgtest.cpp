@@ -42,6 +42,7 @@
 
 #include "support/pg.hpp"
 #include "tenure/log.hpp"
+#include "tenure/postgres/runtime.hpp"
 #include "tenure/postgres/schema.hpp"
 #include "tenure/postgres/store.hpp"
 
@@ -618,6 +619,75 @@ TEST(failover, async_standby_loses_what_it_had_not_received_and_a_lost_token_can
   std::cout << "failover: async cut acked_writes_after_cut=" << acked_writes << " lost_enqueues=" << lost_enqueues
             << "/300 lost_completions=1 lost_caller_owned=1 (business row too) reissued_leases=3"
             << " lost_tokens_refused=TN001" << std::endl;
+}
+
+// A runtime holding an attempt of the lost timeline: it claimed the job on the old primary (the
+// claim never reached the standby), the primary died, the new primary issued the same run lease
+// to another worker's attempt. The runtime's completion of its own attempt, flushed to the new
+// primary once its handler returns, must be stale: it names the same (job_id, run_lease), but not
+// the same attempt (another secret). The other worker's attempt finishes with its own token.
+TEST(failover, async_a_runtime_attempt_of_the_lost_timeline_does_not_finalize_the_reissued_lease) {
+  quiet_logs();
+  cluster_pair pair;
+  ASSERT_NO_FATAL_FAILURE(pair.make(/*sync=*/false));
+  const std::string s = k_schema + ".";
+  pg a{pair.dsn(pair.a())};
+  pg b{pair.dsn(pair.b())};
+  const std::string job = a.scalar("SELECT " + s + "enqueue('hold')");
+  ASSERT_TRUE(poll_until([&] { return b.scalar("SELECT count(*) FROM " + s + "jobs WHERE id = $1", {job}) == "1"; }, 30s));
+  b.exec("ALTER SYSTEM SET primary_conninfo = ''");
+  b.exec("SELECT pg_reload_conf()");
+  ASSERT_TRUE(poll_until([&] { return a.scalar("SELECT count(*) FROM pg_stat_replication") == "0"; }, 30s));
+
+  postgres::runtime_options opt;
+  opt.dsn = pair.multi_dsn();
+  opt.schema = k_schema;
+  opt.application_name = "fo-runtime";
+  auto& cfg = opt.runtime;
+  cfg.queues = {{.name = "default", .max_concurrency = 1}};  // its permit stays with the held attempt
+  cfg.heartbeat_interval = 100ms;
+  cfg.poll_interval = 50ms;
+  cfg.maintenance = false;  // nobody rescues: the test decides who holds the job
+  auto made = postgres::make_runtime(opt);
+  ASSERT_TRUE(made) << made.error().message();
+  auto rt = std::move(made).value();
+  std::atomic<std::int64_t> held_lease{0};
+  std::atomic<bool> release{false};
+  rt->handle("hold", [&](job_context& ctx) {
+    held_lease = ctx.run_lease();
+    while (!release) std::this_thread::sleep_for(5ms);
+    return job_outcome::completed();
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(poll_until([&] { return held_lease.load() != 0; }, 30s)) << "the runtime never claimed the job";
+
+  ASSERT_EQ(pair.run(pair.a(), "stop-immediate"), 0) << pair.log();
+  ASSERT_EQ(pair.run(pair.b(), "promote"), 0) << pair.log();
+  ASSERT_TRUE(poll_until([&] { return b.scalar("SELECT pg_is_in_recovery()") == "f"; }, 30s));
+
+  // Another worker claims the job on the new primary: the same run lease, another attempt.
+  auto other = b.exec("SELECT job_id, run_lease, token FROM " + s + "claim('default', 1)");
+  ASSERT_EQ(other.rows.size(), 1u);
+  EXPECT_EQ(other.at(0, 0), job);
+  EXPECT_EQ(other.at(0, 1), std::to_string(held_lease.load())) << "the lease of the lost claim is issued again";
+
+  // The runtime's handler returns; its completion reaches the new primary.
+  const auto stale_before = rt->metrics().stale_rejected;
+  release = true;
+  ASSERT_TRUE(rt->wait_idle(30s)) << "the runtime never settled its attempt";
+  const auto m = rt->metrics();
+  const std::string state_after_flush =
+      b.scalar("SELECT state FROM " + s + "jobs WHERE id = $1", {job});
+  auto finished = b.query("SELECT * FROM " + s + "complete_job($1)", {other.at(0, 2)});
+  rt->stop();
+  std::cout << "failover: async lost-timeline runtime completion: job state after its flush=" << state_after_flush
+            << " stale_rejected=" << m.stale_rejected - stale_before << " completed_events=" << m.completed
+            << " other_worker_completion=" << (finished.ok ? "applied" : finished.sqlstate) << std::endl;
+  EXPECT_EQ(state_after_flush, "running") << "the lost attempt's completion finalized the re-issued attempt";
+  EXPECT_EQ(m.stale_rejected - stale_before, 1u);
+  EXPECT_TRUE(finished.ok) << finished.sqlstate << " " << finished.error;
+  EXPECT_EQ(b.scalar("SELECT state || ':' || run_lease FROM " + s + "jobs WHERE id = $1", {job}),
+            "completed:" + other.at(0, 1));
 }
 
 }  // namespace
