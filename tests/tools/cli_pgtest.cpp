@@ -1287,6 +1287,21 @@ TEST_F(cli_pg, bench_runtime_drains_every_job_with_batched_commits) {
   EXPECT_FALSE(schema_exists(in_own, j)) << "the bench schema is dropped after the run";
 }
 
+TEST_F(cli_pg, bench_caller_owned_reports_the_bare_commit_rate_and_its_ratio) {
+  own_database own{*db_, dsn_};
+  const auto j = run_bench(own.dsn(), {"--mode", "caller-owned", "--jobs", "300", "--producers", "2"});
+  EXPECT_EQ(j.at("scenario"), "caller-owned");
+  EXPECT_EQ(j.at("caller_owned_handler_failures"), 0);
+  const double bare = j.at("bare_commits_per_s").get<double>();
+  const double owned = j.at("caller_owned_drain_jobs_per_s").get<double>();
+  ASSERT_GT(bare, 0);
+  ASSERT_GT(owned, 0);
+  // The ratio is the two rates of this run, rounded to two places.
+  EXPECT_NEAR(j.at("caller_owned_vs_bare").get<double>(), owned / bare, 0.006 + owned / bare * 0.01) << j;
+  // One commit per caller-owned job: its own business transaction.
+  EXPECT_GE(j.at("caller_owned_commits_per_job").get<double>(), 1.0);
+}
+
 TEST_F(cli_pg, bench_keep_schema_leaves_the_named_schema_for_inspection) {
   const auto j = run_bench(dsn_, {"--mode", "sql-limit", "--jobs", "300", "--keep-schema"});
   EXPECT_EQ(j.at("completed"), 300);
