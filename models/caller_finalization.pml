@@ -31,6 +31,9 @@
  *
  * Build the broken variant with `spin -DMUTANT`: complete_job then drops its guard (it does not
  * check that the job is running under the token's run lease) and the checks must fail.
+ * Mutants (models/check.sh --mutant NAME); each line is read by check.sh:
+ * @mutant guardless -DMUTANT
+ *         complete_job without its guard (no check of the token's run lease or the job's state)
  */
 
 /* job states (tenure.jobs.state); scheduled/retryable/waiting_external are abstracted into

@@ -1,32 +1,77 @@
 #!/usr/bin/env bash
-# Model-checks models/caller_finalization.pml with SPIN (exhaustive, safety properties).
+# Model-checks a protocol model under models/ with SPIN (exhaustive, safety properties).
 #
-#   models/check.sh [--mutant] [workdir]
+#   models/check.sh [--model NAME] [--mutant [NAME]] [workdir]
+#   models/check.sh --list
 #
+# NAME is a model file models/NAME.pml (default: caller_finalization).
 # Default: exits 0 only when the full state space was searched with 0 errors, no "max search
 # depth too small" warning, and every statement of the model was reached (no vacuous branches).
-# --mutant: builds the model with -DMUTANT (complete_job without its guard) and exits 0 only when
-# SPIN finds an assertion violation; prints the (shortest found) counterexample trail.
+# --mutant NAME: builds the mutant NAME declared in the model's header (a line
+# "@mutant NAME -DDEFINE..."; without NAME, the first one) and exits 0 only when SPIN finds an
+# assertion violation; prints the (shortest found) counterexample trail.
+# --list: prints every model and its mutants.
 # workdir: where spin/cc/pan run (created if missing, kept); default a temporary directory.
 set -euo pipefail
 
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+name="caller_finalization"
 mutant=0
+mutant_name=""
 workdir=""
-for arg in "$@"; do
+
+# "@mutant NAME -DX -DY" lines of a model -> "NAME -DX -DY"
+mutants_of() { sed -n 's/^.*@mutant[[:space:]]\{1,\}\([A-Za-z0-9_]\{1,\}\)[[:space:]]\{1,\}\(.*[^[:space:]]\)[[:space:]]*$/\1 \2/p' "$1"; }
+
+args=("$@")
+i=0
+while (( i < ${#args[@]} )); do
+  arg="${args[$i]}"
   case "$arg" in
-    --mutant) mutant=1 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    --model)
+      (( i + 1 < ${#args[@]} )) || { echo "check.sh: --model needs a NAME" >&2; exit 2; }
+      i=$((i + 1)); name="${args[$i]}" ;;
+    --model=*) name="${arg#--model=}" ;;
+    --mutant)
+      mutant=1
+      # The next argument is the mutant's name unless it is an option or a path.
+      if (( i + 1 < ${#args[@]} )) && [[ "${args[$((i + 1))]}" != -* && "${args[$((i + 1))]}" != */* ]]; then
+        i=$((i + 1)); mutant_name="${args[$i]}"
+      fi ;;
+    --mutant=*) mutant=1; mutant_name="${arg#--mutant=}" ;;
+    --list)
+      for f in "$here"/*.pml; do
+        echo "$(basename "$f" .pml)"
+        mutants_of "$f" | sed 's/^/  --mutant /'
+      done
+      exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     -*) echo "check.sh: unknown option $arg" >&2; exit 2 ;;
     *)
       if [[ -n "$workdir" ]]; then echo "check.sh: more than one workdir given" >&2; exit 2; fi
       workdir="$arg" ;;
   esac
+  i=$((i + 1))
 done
 
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-model="caller_finalization.pml"
-label="model caller_finalization"
-(( mutant )) && label="$label (MUTANT)"
+[[ "$name" =~ ^[A-Za-z0-9_]+$ && -f "$here/$name.pml" ]] \
+  || { echo "check.sh: no model models/$name.pml (see --list)" >&2; exit 2; }
+model="$name.pml"
+label="model $name"
+
+spin_defs=()
+if (( mutant )); then
+  line=""
+  if [[ -z "$mutant_name" ]]; then
+    line="$(mutants_of "$here/$model" | head -n 1)"
+  else
+    line="$(mutants_of "$here/$model" | awk -v n="$mutant_name" '$1 == n' | head -n 1)"
+  fi
+  [[ -n "$line" ]] || { echo "check.sh: model $name declares no mutant '${mutant_name}' (see --list)" >&2; exit 2; }
+  mutant_name="${line%% *}"
+  read -r -a spin_defs <<<"${line#* }"
+  label="$label (MUTANT $mutant_name)"
+fi
 
 fail() { echo "$label: FAIL: $*" >&2; exit 1; }
 
@@ -46,11 +91,9 @@ rm -f pan pan.* ./*.trail pan.out "$model"
 cp "$here/$model" .
 
 start_ns=$(date +%s%N)
-spin_defs=()
 cc_defs=(-DSAFETY)
-pan_opts=(-m10000 -w20)
+pan_opts=(-m10000 -w24)
 if (( mutant )); then
-  spin_defs=(-DMUTANT)
   cc_defs+=(-DREACH)     # with -i: iteratively shorten the counterexample
   pan_opts+=(-i)
 fi
@@ -82,7 +125,7 @@ if (( mutant )); then
     | sed '/trail ends/q' \
     | grep -E '^ *[0-9]+:[[:space:]]+proc|assertion violated|text of failed|trail ends' \
     | grep -vE '\((invariants|quiescence|:init:)' \
-    | head -n 60 || true
+    | head -n 80 || true
   exit 0
 fi
 

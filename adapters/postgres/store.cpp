@@ -349,7 +349,7 @@ result<std::vector<completion_result>> store::complete(std::span<const completio
     leases.push_back(c.attempt.run_lease);
     progress.push_back(c.progress);
     any_progress = any_progress || c.progress.has_value();
-    // The secret makes the item name this attempt, not only its (job_id, run_lease) (migration 15).
+    // The secret makes the item name this attempt, not only its (job_id, run_lease) (migration 17).
     const bool known = !(c.secret == attempt_secret{});
     secrets.push_back(known ? std::optional<std::string>{c.secret.to_string()} : std::nullopt);
     any_secret = any_secret || known;

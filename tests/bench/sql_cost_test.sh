@@ -14,7 +14,8 @@ assert d["scenario"] == "sql-cost", d
 assert d["schema_version"] == known, f"schema_version {d['schema_version']} != {known}"
 assert d["batch"] == 8 and d["iterations"] == 20, d
 for k in ("enqueue_instructions_per_job", "claim_instructions_per_job",
-          "complete_instructions_per_job", "drain_instructions_per_job"):
+          "complete_instructions_per_job", "drain_instructions_per_job",
+          "complete_in_tx_instructions_per_job"):
     assert isinstance(d[k], int) and d[k] > 1000, f"{k} = {d[k]}"
 assert d["drain_instructions_per_job"] == d["claim_instructions_per_job"] + d["complete_instructions_per_job"], d
 print("sql_cost: figures consistent")

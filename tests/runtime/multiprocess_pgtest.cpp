@@ -14,6 +14,12 @@
 // with rate_per_second = R their claims over any span of T seconds stay within the token bucket
 // (burst + R x T; each claimed job with the time its claim refilled the bucket, recorded by
 // triggers) while reaching about R.
+//
+// The crash, rescue, callback and cancel runs record a trace of every committed state transition
+// (tools/trace: `tenure trace install`) and check it at the end against the properties of
+// models/caller_finalization.pml: no stale finalization, one terminal outcome per attempt and job
+// (admin retry aside), run leases that only grow, and no business write without its attempt's
+// completion.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -35,6 +41,7 @@
 #include <vector>
 
 #include "support/pg.hpp"
+#include "trace/trace.hpp"
 
 #ifndef TENURE_MP_WORKER
 #error "TENURE_MP_WORKER (path of the worker_process executable) must be defined by the build"
@@ -182,6 +189,22 @@ class multiprocess_pg : public ::testing::Test {
     return "status " + std::to_string(w.status);
   }
 
+  /// Installs the trace recorder (before the run's first job), watching `business` tables.
+  void record_trace(const std::vector<trace::business_table>& business = {}) {
+    auto r = trace::install(schema_.dsn(), schema_.name(), business);
+    ASSERT_TRUE(r) << r.error().message();
+  }
+  /// Checks the recorded trace against the model's properties; returns the report.
+  trace::report expect_trace_holds() {
+    auto r = trace::check_database(schema_.dsn(), schema_.name());
+    EXPECT_TRUE(r) << r.error().message();
+    if (!r) return {};
+    EXPECT_TRUE(r.value().ok()) << trace::to_json(r.value(), 5).dump(2);
+    std::cout << "trace: " << r.value().transitions << " transitions of " << r.value().jobs << " jobs in "
+              << r.value().transactions << " transactions; by who " << r.value().by_who.dump() << "\n";
+    return std::move(r).value();
+  }
+
   bool printed(const worker& w, const std::string& needle) {
     return read_file(w.out_path).find(needle) != std::string::npos;
   }
@@ -197,6 +220,7 @@ class multiprocess_pg : public ::testing::Test {
 };
 
 TEST_F(multiprocess_pg, three_processes_one_killed_no_job_lost_and_reruns_only_from_the_dead) {
+  record_trace();
   db_.exec("CREATE TABLE " + s("executions") +
            " (job_id bigint NOT NULL, run_lease bigint NOT NULL, worker text NOT NULL,"
            "  at timestamptz NOT NULL DEFAULT clock_timestamp())");
@@ -368,6 +392,9 @@ TEST_F(multiprocess_pg, three_processes_one_killed_no_job_lost_and_reruns_only_f
             << "  jobs rescued (run_lease > 1): " << rescued_jobs << "; jobs executed twice: " << rerun_jobs
             << "; extra executions: " << extra_executions << " (victim frozen " << freezes << "x)\n"
             << "  survivors' heartbeat warnings 'is no longer live': " << survivors_not_live_warnings << "\n";
+  const auto tr = expect_trace_holds();
+  EXPECT_EQ(tr.by_transition.value("running->completed", 0), k_jobs);
+  EXPECT_GE(tr.by_who.value("rescue", 0), rescued_jobs) << "each rescued attempt is one rescue transition";
 }
 
 // The workers' settings (worker_process.cpp): staleness 2 s, maintenance_interval 100 ms, so a
@@ -379,6 +406,7 @@ constexpr auto k_rescue_slack = 4'000ms;
 
 TEST_F(multiprocess_pg, a_frozen_leader_does_not_stop_the_rescue_of_a_dead_workers_attempts) {
   constexpr int k_held = 12;  // within one worker's max_concurrency (16)
+  record_trace();
   db_.exec("CREATE TABLE " + s("executions") +
            " (job_id bigint NOT NULL, run_lease bigint NOT NULL, worker text NOT NULL,"
            "  at timestamptz NOT NULL DEFAULT clock_timestamp())");
@@ -463,6 +491,8 @@ TEST_F(multiprocess_pg, a_frozen_leader_does_not_stop_the_rescue_of_a_dead_worke
   ASSERT_EQ(::kill(w1.pid, SIGTERM), 0);
   ASSERT_TRUE(reap(w1, 60s));
   EXPECT_TRUE(exited_with(w1, 0)) << describe_status(w1);
+  const auto tr = expect_trace_holds();
+  EXPECT_EQ(tr.by_who.value("rescue", 0), k_held);
   std::cout << "frozen leader: " << k_held << " attempts of the killed worker rescued and completed "
             << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms after the kill (bound "
             << k_rescue_bound.count() << " ms after the last heartbeat)\n";
@@ -489,6 +519,89 @@ TEST_F(multiprocess_pg, a_killed_leader_leaves_no_lock_or_lease_behind) {
                         "WHERE l.locktype = 'advisory' AND a.application_name LIKE 'tenure-mp-%'"),
             0)
       << "leadership must not be a session lock";
+}
+
+TEST_F(multiprocess_pg, caller_owned_jobs_through_a_killed_process_cancels_and_admin_retries_keep_the_models_properties) {
+  // Three processes run caller-owned jobs (business row + complete_in_tx in the caller's
+  // transaction; some first attempts roll back and retry) while an admin cancels jobs (available
+  // and running ones) and retries some cancelled ones, and one process is killed with SIGKILL
+  // with caller transactions open. The trace of the whole run must keep the model's properties,
+  // and the business rows must be exactly those of the completing attempts.
+  constexpr int k_charges = 2'000;
+  db_.exec("CREATE TABLE " + s("orders") + " (job_id bigint NOT NULL, run_lease bigint NOT NULL)");
+  record_trace({{s("orders")}});
+  db_.exec("SELECT count(*) FROM " + s("enqueue_batch") +
+               "(array_fill('charge'::text, ARRAY[$1::int]), array_fill('{}'::jsonb, ARRAY[$1::int]), "
+               "array_fill('default'::text, ARRAY[$1::int]), array_fill(2, ARRAY[$1::int]))",
+           {std::to_string(k_charges)});
+  const long first_id = scalar_long("SELECT min(id) FROM " + s("jobs"));
+  workers_.reserve(3);
+  spawn("w1");
+  spawn("w2");
+  spawn("w3");
+  for (auto& w : workers_) wait_ready(w);
+  worker& victim = workers_[1];
+  const auto finished = [&] {
+    return scalar_long("SELECT count(*) FROM " + s("jobs") + " WHERE state IN ('completed', 'cancelled', 'failed')");
+  };
+  // The admin: cancels 100 jobs picked at random, alternately among the running and the available
+  // ones, and gives every other cancelled job a retry; the victim dies once a third are done.
+  constexpr int k_cancels = 100;
+  long cancels = 0, cancelled_running = 0, retried = 0;
+  bool killed = false;
+  const bool drained = poll_until(
+      [&] {
+        const long done = finished();
+        if (cancels < k_cancels) {
+          const bool running = cancels % 2 == 0;
+          const auto pick = db_.exec(running ? "SELECT job_id FROM " + s("receipts") + " ORDER BY random() LIMIT 1"
+                                             : "SELECT id FROM " + s("ready") + " ORDER BY random() LIMIT 1");
+          if (!pick.rows.empty() && db_.scalar("SELECT " + s("cancel_job") + "($1)", {pick.rows[0][0]}) == "t") {
+            ++cancels;
+            if (running) ++cancelled_running;
+            if (cancels % 2 == 0 && db_.scalar("SELECT " + s("retry_job") + "($1)", {pick.rows[0][0]}) == "t") ++retried;
+          }
+        }
+        if (!killed && done >= k_charges / 3) {
+          // Frozen, the victim's open attempts stay open; it dies only while it holds some.
+          EXPECT_EQ(::kill(victim.pid, SIGSTOP), 0);
+          if (scalar_long("SELECT count(*) FROM " + s("receipts") + " WHERE worker = 'mp-w2'") > 0) {
+            EXPECT_EQ(::kill(victim.pid, SIGKILL), 0);
+            killed = reap(victim, 10s);
+          } else {
+            EXPECT_EQ(::kill(victim.pid, SIGCONT), 0);
+          }
+        }
+        return killed && done == k_charges && scalar_long("SELECT count(*) FROM " + s("receipts")) == 0;
+      },
+      90s, 5ms);
+  ASSERT_TRUE(killed);
+  ASSERT_TRUE(drained) << "states: "
+                       << db_.scalar("SELECT string_agg(state || '=' || n, ', ') FROM (SELECT state, count(*) n FROM " +
+                                     s("jobs") + " GROUP BY state) x");
+  for (auto& w : workers_) {
+    if (&w == &victim) continue;
+    ASSERT_EQ(::kill(w.pid, SIGTERM), 0);
+    ASSERT_TRUE(reap(w, 60s));
+    EXPECT_TRUE(exited_with(w, 0)) << w.name << ": " << describe_status(w);
+  }
+  // Business rows: one per completed job, of its completing attempt; none of a cancelled job.
+  EXPECT_EQ(scalar_long("SELECT count(*) FROM " + s("orders")), scalar_long("SELECT count(*) FROM " + s("done") +
+                                                                             " WHERE state = 'completed'"));
+  EXPECT_EQ(scalar_long("SELECT count(*) FROM " + s("orders") + " o LEFT JOIN " + s("done") +
+                        " d ON d.id = o.job_id AND d.run_lease = o.run_lease AND d.state = 'completed' WHERE d.id IS NULL"),
+            0);
+  const auto tr = expect_trace_holds();
+  EXPECT_EQ(tr.business_writes, static_cast<std::size_t>(scalar_long("SELECT count(*) FROM " + s("orders"))));
+  EXPECT_EQ(tr.by_who.value("caller", 0), scalar_long("SELECT count(*) FROM " + s("orders")));
+  EXPECT_EQ(tr.by_who.value("cancel", 0), cancels);
+  EXPECT_GE(tr.by_transition.value("running->cancelled", 0), 1) << "no running attempt was cancelled";
+  EXPECT_EQ(tr.by_who.value("admin_retry", 0), retried);
+  EXPECT_GE(tr.by_transition.value("running->retryable", 0), 1) << "rolled-back first attempts were retried";
+  EXPECT_GE(tr.by_who.value("rescue", 0), 1) << "the killed process's open attempts were rescued";
+  std::cout << "caller-owned: " << k_charges << " jobs; cancelled " << cancels << " (picked running: " << cancelled_running
+            << "), admin retries "
+            << retried << ", rescued " << tr.by_who.value("rescue", 0) << "\n";
 }
 
 // ---- queue limits across processes ---------------------------------------------------------------
@@ -600,6 +713,7 @@ TEST_F(queue_limits_mp, three_processes_claim_within_the_token_bucket_and_reach_
 }
 
 TEST_F(multiprocess_pg, a_parked_attempt_survives_its_worker_killed_and_is_continued_by_another_process) {
+  record_trace();
   db_.exec("CREATE TABLE " + s("executions") +
            " (job_id bigint NOT NULL, run_lease bigint NOT NULL, worker text NOT NULL,"
            "  at timestamptz NOT NULL DEFAULT clock_timestamp())");
@@ -632,6 +746,9 @@ TEST_F(multiprocess_pg, a_parked_attempt_survives_its_worker_killed_and_is_conti
                            " WHERE job_id = $1",
                        {id}),
             "w1@1,w2@1");
+  const auto tr = expect_trace_holds();
+  EXPECT_EQ(tr.by_transition.value("waiting_external->available", 0), 1) << "the resume";
+  EXPECT_EQ(tr.by_transition.value("available->running", 0), 2) << "the claim, then the continuation";
 }
 
 }  // namespace

@@ -11,15 +11,16 @@
 // span lies inside the attempt's claim and completion. Kind "park" records its
 // execution, then registers a callback (timeout 60 s) and parks on it (job_outcome::park); the
 // continuation (resumed_with() set) records its execution again and completes with the payload
-// as its progress. Kind "charge" is caller-owned: in one transaction of its handler thread's
-// session it inserts the business row <schema>.orders (job_id, run_lease) and finishes the
-// attempt with complete_in_tx; once the COMMIT was acknowledged it prints "acked <job_id>
-// <run_lease>" on stdout (the failover tests check that no acknowledged one is lost). With "no-maintenance"
+// as its progress. Kind "charge" is caller-owned: on a connection of its own it opens a
+// transaction, inserts its business row into <schema>.orders (job_id, run_lease), completes the
+// attempt in that transaction (complete_in_tx), works 1-3 ms, then commits; the first attempt of
+// a job whose id is a multiple of 7 rolls back instead and reports an error (so it is retried);
+// once a COMMIT was acknowledged it prints "acked <job_id> <run_lease>" on stdout.
+// With "no-maintenance"
 // the process never takes the maintenance lease. Every session of the process (runtime and
 // handlers) is named tenure-mp-<WORKER_NAME>.
 //
-// stdout carries only the protocol with the test: "ready" once the runtime started, the "acked"
-// lines of "charge", and
+// stdout carries only the protocol with the test: "ready" once the runtime started, and
 // "completed=<n> stale=<n>" after a SIGTERM/SIGINT made it stop (then it exits 0). Logs go to
 // stderr. It never exits on its own otherwise.
 #include <libpq-fe.h>
@@ -52,49 +53,55 @@ class exec_recorder {
   exec_recorder(std::string dsn, std::string schema, std::string worker, std::string application_name)
       : dsn_(std::move(dsn)), worker_(std::move(worker)), app_(std::move(application_name)),
         sql_("INSERT INTO " + schema + ".executions (job_id, run_lease, worker) VALUES ($1::bigint, $2::bigint, $3)"),
-        orders_sql_("INSERT INTO " + schema + ".orders (job_id, run_lease) VALUES ($1::bigint, $2::bigint)"),
         span_sql_("INSERT INTO " + schema + ".spans (job_id, worker, started_at, ended_at) VALUES ($1::bigint, $3, "
-                  "clock_timestamp() - $2::bigint * interval '1 microsecond', clock_timestamp())") {}
+                  "clock_timestamp() - $2::bigint * interval '1 microsecond', clock_timestamp())"),
+        orders_sql_("INSERT INTO " + schema + ".orders (job_id, run_lease) VALUES ($1::bigint, $2::bigint)") {}
 
   /// Inserts and commits one execution row; throws when it could not (the runtime then retries
   /// the job, which is what a real handler failing its effect looks like).
   void record(std::int64_t job_id, std::int64_t run_lease) const { run(sql_, job_id, run_lease); }
 
-  /// Inserts and commits one span row: it ended now and lasted `us` microseconds.
-  void span(std::int64_t job_id, std::int64_t us) const { run(span_sql_, job_id, us); }
-
-  /// The business row and the attempt's completion in one transaction; "acked" once committed.
-  tenure::result<tenure::finalization_receipt> charge(tenure::caller_owned_context& ctx) const {
-    PGconn* c = session();
-    const std::string job = std::to_string(ctx.job_id()), lease = std::to_string(ctx.run_lease());
-    auto exec = [c](const char* sql, int n = 0, const char* const* values = nullptr) {
-      PGresult* r = PQexecParams(c, sql, n, nullptr, values, nullptr, nullptr, 0);
-      const bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+  /// The caller-owned transaction of kind "charge": BEGIN, the business row, complete_in_tx, a
+  /// little work, then COMMIT (or ROLLBACK when `commit` is false). Returns complete_in_tx's answer,
+  /// or database_unavailable when the connection failed.
+  tenure::result<tenure::finalization_receipt> charge(tenure::caller_owned_context& ctx, bool commit) const {
+    PGconn* c = connection();
+    const auto ok = [&](const std::string& sql, std::vector<std::string> params = {}) {
+      std::vector<const char*> values;
+      for (const auto& p : params) values.push_back(p.c_str());
+      PGresult* r = PQexecParams(c, sql.c_str(), static_cast<int>(values.size()), nullptr, values.data(), nullptr, nullptr, 0);
+      const bool good = PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK;
       PQclear(r);
-      return ok;
+      return good;
     };
-    const char* values[] = {job.c_str(), lease.c_str()};
-    if (!exec("BEGIN") || !exec(orders_sql_.c_str(), 2, values)) {
-      exec("ROLLBACK");
-      return tenure::error{tenure::errc::database_unavailable, "orders: insert failed"};
+    if (!ok("BEGIN") ||
+        !ok(orders_sql_, {std::to_string(ctx.job_id()), std::to_string(ctx.run_lease())})) {
+      ok("ROLLBACK");
+      return tenure::error{tenure::errc::database_unavailable, "orders: " + std::string{PQerrorMessage(c)}};
     }
     auto receipt = ctx.complete_in_tx(c);
-    if (!receipt) {
-      exec("ROLLBACK");
-      return receipt;
+    thread_local std::mt19937 rng{std::random_device{}()};
+    std::this_thread::sleep_for(std::chrono::microseconds{1000 + rng() % 2000});
+    if (!receipt || !commit) {
+      ok("ROLLBACK");
+      if (!receipt) return receipt;
+      return tenure::error{tenure::errc::database_unavailable, "the provider said no: rolled back"};
     }
-    // An error answer to COMMIT may hide a commit: reconciliation decides (design.md §6).
-    if (!exec("COMMIT")) return tenure::error{tenure::errc::commit_in_doubt, "orders: COMMIT unanswered"};
+    if (!ok("COMMIT")) return tenure::error{tenure::errc::commit_in_doubt, PQerrorMessage(c)};
+    // The test reads which commits were acknowledged (the failover tests: none of them is lost).
     static std::mutex out;
     const std::lock_guard lock{out};
-    std::printf("acked %s %s\n", job.c_str(), lease.c_str());
+    std::printf("acked %lld %lld\n", static_cast<long long>(ctx.job_id()), static_cast<long long>(ctx.run_lease()));
     std::fflush(stdout);
     return receipt;
   }
 
+  /// Inserts and commits one span row: it ended now and lasted `us` microseconds.
+  void span(std::int64_t job_id, std::int64_t us) const { run(span_sql_, job_id, us); }
+
  private:
-  /// This handler thread's session, (re)opened when it is missing or broke.
-  PGconn* session() const {
+  /// This thread's session, (re)opened when needed; throws when it cannot connect.
+  PGconn* connection() const {
     struct conn_holder {
       PGconn* c = nullptr;
       ~conn_holder() {
@@ -119,7 +126,7 @@ class exec_recorder {
   }
 
   void run(const std::string& sql, std::int64_t a, std::int64_t b) const {
-    PGconn* c = session();
+    PGconn* c = connection();
     const std::string first = std::to_string(a), second = std::to_string(b);
     const char* values[] = {first.c_str(), second.c_str(), worker_.c_str()};
     // BEGIN; INSERT; COMMIT as one autocommit statement: the row is durable when this returns.
@@ -134,8 +141,8 @@ class exec_recorder {
   std::string worker_;
   std::string app_;
   std::string sql_;
-  std::string orders_sql_;
   std::string span_sql_;
+  std::string orders_sql_;
 };
 
 }  // namespace
@@ -219,11 +226,7 @@ int main(int argc, char** argv) {
   });
 
   rt->handle_caller_owned("charge", [&recorder](tenure::caller_owned_context& ctx) {
-    try {
-      return recorder.charge(ctx);
-    } catch (const std::exception& e) {
-      return tenure::result<tenure::finalization_receipt>{tenure::error{tenure::errc::database_unavailable, e.what()}};
-    }
+    return recorder.charge(ctx, !(ctx.job_id() % 7 == 0 && ctx.attempt() == 1));
   });
 
   std::atomic<std::uint64_t> completed{0};

@@ -714,7 +714,7 @@ nlohmann::json run_caller_owned(const options& o, const std::string& schema) {
   enqueue_batches(o.dsn, schema, o.jobs, "charge");
   settle();
   before = read_counters(admin);
-  double owned_s = 0;
+  double owned_s = 0, owned_claims = 0, owned_evidence_reads = 0;
   std::atomic<long> failures{0};
   {
     auto cfg = drain_config();
@@ -745,6 +745,9 @@ nlohmann::json run_caller_owned(const options& o, const std::string& schema) {
     wait_for([&] { return rt->metrics().completed >= static_cast<std::uint64_t>(o.jobs); }, 600s,
              "the caller-owned drain");
     owned_s = seconds_since(t0);
+    const auto m = rt->metrics();
+    owned_claims = static_cast<double>(m.claims);
+    owned_evidence_reads = static_cast<double>(m.reconcile_reads);
     rt->stop();
   }
   settle();
@@ -768,6 +771,8 @@ nlohmann::json run_caller_owned(const options& o, const std::string& schema) {
           {"batched_commits_per_job", rounded(batched_commits, 2)},
           {"caller_owned_commits_per_job", rounded(owned_commits, 2)},
           {"caller_owned_handler_failures", failures.load()},
+          {"caller_owned_claims_per_job", rounded(owned_claims / o.jobs, 3)},
+          {"caller_owned_evidence_reads_per_job", rounded(owned_evidence_reads / o.jobs, 3)},
           {"peak_rss_mb", rounded(peak_rss_mb(), 1)}};
 }
 

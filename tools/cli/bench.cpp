@@ -14,7 +14,6 @@
 #include "cli/number_text.hpp"
 
 namespace tenure::cli {
-namespace {
 
 std::string private_dsn() {
 #ifdef TENURE_SOURCE_DIR
@@ -31,8 +30,6 @@ std::string private_dsn() {
 #endif
   throw command_error("no database: give --database-url or DATABASE_URL (or run from a source tree with scripts/pg)");
 }
-
-}  // namespace
 
 void register_bench(CLI::App& app, context& ctx) {
   auto opts = std::make_shared<bench::options>();

@@ -24,13 +24,19 @@ void register_maintain(CLI::App& app, context& ctx);
 void register_schedule(CLI::App& app, context& ctx);
 void register_doctor(CLI::App& app, context& ctx);
 void register_bench(CLI::App& app, context& ctx);
+void register_trace(CLI::App& app, context& ctx);
+void register_soak(CLI::App& app, context& ctx);
 void register_serve(CLI::App& app, context& ctx);  // tools/serve/serve.cpp
 
 /// Every command, in the order `tenure --help` lists them.
 inline constexpr registrar k_commands[] = {
     &register_migrate, &register_grants, &register_enqueue, &register_status,
     &register_job,     &register_queue,  &register_schedule, &register_maintain, &register_doctor,
-    &register_bench,   &register_serve,
+    &register_trace,   &register_bench,  &register_soak,    &register_serve,
 };
+
+/// The project's private PostgreSQL (scripts/pg start) when run from a source tree, for commands
+/// given no --database-url; command_error otherwise.
+std::string private_dsn();
 
 }  // namespace tenure::cli

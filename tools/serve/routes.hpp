@@ -6,22 +6,9 @@
 
 #include "serve/app.hpp"
 #include "serve/http.hpp"
+#include "serve/request.hpp"
 
 namespace tenure::serve {
-
-/// What the request was, for the metrics label and the error format.
-struct route_info {
-  std::string route = "(unknown)";  ///< the pattern, e.g. /api/jobs/{id}
-  bool html = false;                ///< a page: errors are pages too
-};
-
-/// A request the dashboard refuses: 4xx with the message.
-struct http_error : std::runtime_error {
-  http_error(unsigned s, const std::string& message, std::string allow_methods = {})
-      : std::runtime_error(message), status(s), allow(std::move(allow_methods)) {}
-  unsigned status;
-  std::string allow;  ///< for 405
-};
 
 /// The database failed or could not be reached: 503 (counted in the metrics).
 struct database_failure : std::runtime_error {

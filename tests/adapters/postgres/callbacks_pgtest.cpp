@@ -364,4 +364,67 @@ TEST_F(callbacks, complete_and_fail_callback_finish_the_job_from_outside) {
   EXPECT_EQ(db_.scalar("SELECT " + s("fail_callback") + "($1::uuid, 'again')", {id_c}), "f");
 }
 
+TEST_F(callbacks, a_token_from_before_a_park_never_closes_the_continuation_claimed_during_its_call) {
+  // The holder of the token an attempt had before it parked calls complete_job / fail_job while the
+  // attempt is resumed and continued by a new claim (same run lease, new secret). The exclusive
+  // lock on attempt_state holds the call's write back (its statements read that table) until the
+  // resume and the claim have committed, or given up. Whatever the order, the continuation is
+  // never closed through the old token: the write acts only on the receipt whose secret it checked.
+  for (const std::string fn : {"complete_job", "fail_job"}) {
+    SCOPED_TRACE(fn);
+    db_.exec("SELECT " + s("enqueue") + "('cb', '{}', 'default', 2, NULL, 5)");
+    auto r = db_.exec("SELECT job_id, run_lease, token FROM " + s("claim") + "('default')");
+    ASSERT_EQ(r.rows.size(), 1u);
+    const attempt a{r.at(0, 0), r.at(0, 1)};
+    const std::string old_token = r.at(0, 2);
+    const auto id = register_cb(a);
+    ASSERT_EQ(db_.scalar("SELECT " + s("park_callback") + "($1, $2, $3::uuid)", {a.job_id, a.run_lease, id}),
+              "parked");
+
+    pg locker{schema_.dsn()};
+    locker.exec("BEGIN");
+    locker.exec("LOCK TABLE " + s("attempt_state") + " IN ACCESS EXCLUSIVE MODE");
+    tenure::test::sql_result old;
+    std::thread holder([&] {
+      pg conn{schema_.dsn()};
+      old = conn.query(fn == "complete_job" ? "SELECT * FROM " + s("complete_job") + "($1)"
+                                            : "SELECT " + s("fail_job") + "($1, 'late', false)",
+                       {old_token});
+    });
+    ASSERT_TRUE(eventually([&] {
+      return db_.scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%" +
+                        fn + "%' AND pid <> pg_backend_pid()") == "1";
+    }));
+    locker.exec("SET LOCAL lock_timeout = '200ms'");
+    std::string new_token;
+    const auto resumed = locker.query("SELECT " + s("resume_callback") + "($1::uuid, '{}')", {id});
+    if (resumed.ok) {
+      auto c = locker.exec("SELECT job_id, run_lease, token FROM " + s("claim") + "('default')");
+      ASSERT_EQ(c.rows.size(), 1u);
+      EXPECT_EQ(c.at(0, 1), a.run_lease) << "a continuation keeps its run lease";
+      new_token = c.at(0, 2);
+      locker.exec("COMMIT");
+    } else {
+      // The old token's call holds the receipt: the resume waited for it and gave up.
+      EXPECT_EQ(resumed.sqlstate, "55P03") << resumed.error;
+      locker.query("ROLLBACK");
+    }
+    holder.join();
+    if (!new_token.empty()) {
+      EXPECT_FALSE(old.ok) << "the old token closed the continuation";
+      EXPECT_EQ(state_of(a), "running");
+      const auto by_new = db_.query("SELECT * FROM " + s("complete_job") + "($1)", {new_token});
+      EXPECT_TRUE(by_new.ok && by_new.rows.size() == 1) << "its own token is refused: " << by_new.error;
+    } else if (fn == "complete_job") {
+      EXPECT_EQ(old.sqlstate, "TN001") << "a parked attempt is not completed: " << old.error;
+      EXPECT_EQ(state_of(a), "waiting_external");
+      EXPECT_EQ(resume(id), "t");
+      db_.exec("SELECT * FROM " + s("claim") + "('default')");
+    } else {
+      EXPECT_TRUE(old.ok) << "its holder may fail its own parked attempt: " << old.error;
+      EXPECT_EQ(state_of(a), "failed");
+    }
+  }
+}
+
 }  // namespace

@@ -310,7 +310,7 @@ TEST_F(sql_contract, complete_batch_completes_an_item_only_with_its_attempts_sec
   EXPECT_EQ(state_of(got[0].job_id), "running");
   EXPECT_EQ(batch({{got[0], secret_of(got[0].token)}, {got[1], "NULL"}, {got[2], secret_of(got[1].token)}}), 2u);
   EXPECT_EQ(state_of(a) + " " + state_of(b) + " " + state_of(c), "completed completed running");
-  // Without the secrets array (callers of schema 14): by (job_id, run_lease), as before.
+  // Without the secrets array (callers of schema 16): by (job_id, run_lease), as before.
   EXPECT_EQ(db_.exec("SELECT * FROM " + s("complete_batch") + "(ARRAY[" + got[2].job_id + "]::bigint[], ARRAY[" +
                      got[2].run_lease + "]::bigint[])")
                 .rows.size(),
@@ -423,6 +423,70 @@ TEST_F(sql_contract, every_token_function_raises_only_tn002_for_malformed_input)
                         std::string{"tn1:1:1"}}) {
     EXPECT_EQ(db_.query("SELECT * FROM " + s("complete_job") + "($1)", {std::string{t}}).sqlstate, "TN002") << t;
   }
+}
+
+// parse_token and complete_job recognize a well-formed token without a regular expression; they
+// must accept exactly the language of the pattern below (numbers within bigint) and read the
+// same three fields from it.
+TEST_F(sql_contract, the_token_fast_path_accepts_exactly_the_tokens_the_pattern_accepts) {
+  const std::string h = "00112233445566778899aabbccddeeff";
+  std::vector<std::string> inputs = {
+      "tn2:1:1:" + h, "tn2:123456789012345678:1:" + h, "tn2:1234567890123456789:1:" + h,
+      "tn2:9223372036854775807:9223372036854775807:" + h, "tn2:9223372036854775808:1:" + h,
+      "tn2:1:9999999999999999999:" + h, "tn2:12345678901234567890:1:" + h, "tn2:0:1:" + h, "tn2:01:1:" + h,
+      "tn2:1:0:" + h, "tn2::1:" + h, "tn2:1::" + h, "tn2:1:1:", "tn2:1:1:" + h + ":", ":tn2:1:1:" + h,
+      "TN2:1:1:" + h, "tn2:1:1:" + h.substr(0, 31) + "g", "tn2:1:1:" + h.substr(0, 31) + "F",
+      "tn2:1:1:" + h.substr(0, 31) + "Ã©", "tn2:Ù£:1:" + h, "tn2:+1:1:" + h, "tn2:1 :1:" + h,
+      "tn2:1:1:" + h + "\n", "tn2:1:1:" + h + " ", "tn2:1:1:" + h + "0"};
+  std::mt19937 rng{4242};
+  const std::vector<std::string> alphabet = {"1", "0", "9", ":", "a", "f", "g", "tn2", "Ù£", " "};
+  for (int i = 0; i < 400; ++i) {
+    std::string t = "tn2:";
+    const auto len = 1 + rng() % 45;
+    for (unsigned j = 0; j < len; ++j) t += alphabet[rng() % alphabet.size()];
+    inputs.push_back(t);
+    inputs.push_back("tn2:" + std::to_string(1 + rng() % 100000) + ":" + std::to_string(1 + rng() % 100) + ":" +
+                     h.substr(0, 32 - rng() % 2) + (rng() % 5 == 0 ? "a" : ""));
+  }
+  const std::string pattern = "^tn2:([1-9][0-9]{0,18}):([1-9][0-9]{0,18}):([0-9a-f]{32})$";
+  int accepted = 0;
+  for (const auto& t : inputs) {
+    const auto m = db_.exec(
+        "SELECT m[1], m[2], m[3], m IS NOT NULL AND m[1]::numeric <= 9223372036854775807 "
+        "AND m[2]::numeric <= 9223372036854775807 FROM regexp_match($1, $2) AS m",
+        {t, pattern});
+    const bool valid = m.at(0, 3) == "t";
+    const auto r = db_.query("SELECT job_id, run_lease, replace(secret::text, '-', '') FROM " + s("parse_token") + "($1)",
+                             {t});
+    if (!valid) {
+      EXPECT_EQ(r.sqlstate, "TN002") << t;
+      EXPECT_EQ(db_.query("SELECT * FROM " + s("complete_job") + "($1)", {t}).sqlstate, "TN002") << t;
+      continue;
+    }
+    ++accepted;
+    ASSERT_TRUE(r.ok) << t << ": " << r.error;
+    EXPECT_EQ(r.at(0, 0), m.at(0, 0)) << t;
+    EXPECT_EQ(r.at(0, 1), m.at(0, 1)) << t;
+    EXPECT_EQ(r.at(0, 2), m.at(0, 2)) << t;
+    // Well formed, naming no live attempt: stale.
+    EXPECT_EQ(db_.query("SELECT * FROM " + s("complete_job") + "($1)", {t}).sqlstate, "TN001") << t;
+  }
+  EXPECT_GT(accepted, 100) << "the generated inputs must exercise the accepting side too";
+}
+
+// A job id of 19 digits is well formed up to bigint's largest value; complete_job reads such a
+// token through its slower path and completes the attempt all the same.
+TEST_F(sql_contract, complete_job_completes_an_attempt_whose_job_id_has_nineteen_digits) {
+  db_.exec("SELECT setval('" + s("job_id_seq") + "', 9223372036854775000)");
+  const auto id = enqueue("k");
+  ASSERT_EQ(id.size(), 19u);
+  const auto c = claim(1).at(0);
+  ASSERT_EQ(c.job_id, id);
+  EXPECT_EQ(db_.query("SELECT * FROM " + s("complete_job") + "($1)", {with_wrong_secret(c.token)}).sqlstate, "TN001");
+  auto r = db_.exec("SELECT job_id FROM " + s("complete_job") + "($1)", {c.token});
+  ASSERT_EQ(r.rows.size(), 1u);
+  EXPECT_EQ(r.at(0, 0), id);
+  EXPECT_EQ(state_of(id), "completed");
 }
 
 TEST_F(sql_contract, fail_job_retries_with_backoff_then_fails_when_attempts_are_spent) {

@@ -1,4 +1,4 @@
--- tenure migration 15: the runtime's completion names its attempt by its secret too.
+-- tenure migration 17: the runtime's completion names its attempt by its secret too.
 --
 -- (job_id, run_lease) names one attempt as long as run leases are never issued twice. After a
 -- failover to an asynchronous standby they can be: a claim the standby never received is lost
@@ -11,7 +11,7 @@
 -- complete_batch now takes the attempts' secrets (as the claim returned them) in a fourth array;
 -- an item whose secret is given completes the attempt only when it is the open attempt's secret,
 -- and is stale otherwise. An item with a NULL secret (or no array at all, as callers of version
--- 14 send) is matched by (job_id, run_lease) as before.
+-- 16 send) is matched by (job_id, run_lease) as before.
 
 -- DROP takes a function's grants with it: remember the roles that may run it and give it back to
 -- them once it is created again (as migrations 9 and 14 do).
