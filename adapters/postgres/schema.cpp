@@ -304,7 +304,7 @@ grant_list grants_of(grant_kind kind) {
                        "heartbeat(text)",
                        "heartbeat_batch(bigint[], bigint[], jsonb[])",
                        "complete_job(text, jsonb)",
-                       "complete_batch(bigint[], bigint[], jsonb[])",
+                       "complete_batch(bigint[], bigint[], jsonb[], uuid[])",
                        "fail_job(text, text, boolean)",
                        "fail_attempt(bigint, bigint, text, boolean, interval)",
                        "snooze_attempt(bigint, bigint, interval)",

@@ -37,7 +37,7 @@ struct statements {
         heartbeat{"tenure_heartbeat", "SELECT job_id, run_lease FROM " + s +
                                           ".heartbeat_batch($1::bigint[], $2::bigint[], $3::jsonb[])"},
         complete{"tenure_complete", "SELECT job_id, run_lease, " + epoch_us("completed_at") + " FROM " +
-                                        s + ".complete_batch($1::bigint[], $2::bigint[], $3::jsonb[])"},
+                                        s + ".complete_batch($1::bigint[], $2::bigint[], $3::jsonb[], $4::uuid[])"},
         fail{"tenure_fail",
              "SELECT " + s + ".fail_attempt($1::bigint, $2::bigint, $3, $4::boolean, $5::interval)"},
         snooze{"tenure_snooze", "SELECT " + s + ".snooze_attempt($1::bigint, $2::bigint, $3::interval)"},
@@ -341,17 +341,22 @@ result<std::vector<completion_result>> store::complete(std::span<const completio
   std::vector<completion_result> out;
   if (batch.empty()) return out;
   std::vector<std::int64_t> ids, leases;
-  std::vector<std::optional<std::string>> progress;
-  bool any_progress = false;
+  std::vector<std::optional<std::string>> progress, secrets;
+  bool any_progress = false, any_secret = false;
   for (const auto& c : batch) {
     ids.push_back(c.attempt.job_id);
     leases.push_back(c.attempt.run_lease);
     progress.push_back(c.progress);
     any_progress = any_progress || c.progress.has_value();
+    // The secret makes the item name this attempt, not only its (job_id, run_lease) (migration 18).
+    const bool known = !(c.secret == attempt_secret{});
+    secrets.push_back(known ? std::optional<std::string>{c.secret.to_string()} : std::nullopt);
+    any_secret = any_secret || known;
   }
   TENURE_TRY(auto rows, impl_->run(impl_->st.complete,
                                    {detail::int_array(ids), detail::int_array(leases),
-                                    any_progress ? param{detail::text_array(progress)} : std::nullopt},
+                                    any_progress ? param{detail::text_array(progress)} : std::nullopt,
+                                    any_secret ? param{detail::text_array(secrets)} : std::nullopt},
                                    effect::write));
   out.reserve(batch.size());
   for (const auto& c : batch) out.push_back({c.attempt, false, std::nullopt});

@@ -31,6 +31,11 @@ namespace tenure {
 struct completion {
   attempt_id attempt;
   std::optional<std::string> progress;  ///< final progress JSON text, if any
+  /// The attempt's secret as its claim returned it. A store that keeps secrets completes the
+  /// attempt only when it is the open attempt's secret (else stale): after a failover to an
+  /// asynchronous standby the same (job_id, run_lease) may name another attempt. All zero
+  /// (default): matched by (job_id, run_lease) alone.
+  attempt_secret secret{};
 };
 
 /// Per-item answer of a completion flush.

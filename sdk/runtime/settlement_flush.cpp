@@ -21,7 +21,7 @@ void settlement::flush(std::vector<pending_completion> batch) {
   const auto n = batch.size();
   std::vector<completion> items;
   items.reserve(n);
-  for (const auto& p : batch) items.push_back({p.entry->claim.attempt, p.progress});
+  for (const auto& p : batch) items.push_back({p.entry->claim.attempt, p.progress, p.entry->claim.secret});
   const auto started_at = core.now();
   core.on_db([this, items = std::move(items)] { return core.store->complete(items); },
              [this, batch = std::move(batch), started_at](result<std::vector<completion_result>> r) mutable {

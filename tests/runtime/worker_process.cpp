@@ -14,7 +14,8 @@
 // as its progress. Kind "charge" is caller-owned: on a connection of its own it opens a
 // transaction, inserts its business row into <schema>.orders (job_id, run_lease), completes the
 // attempt in that transaction (complete_in_tx), works 1-3 ms, then commits; the first attempt of
-// a job whose id is a multiple of 7 rolls back instead and reports an error (so it is retried).
+// a job whose id is a multiple of 7 rolls back instead and reports an error (so it is retried);
+// once a COMMIT was acknowledged it prints "acked <job_id> <run_lease>" on stdout.
 // With "no-maintenance"
 // the process never takes the maintenance lease. Every session of the process (runtime and
 // handlers) is named tenure-mp-<WORKER_NAME>.
@@ -30,6 +31,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -86,6 +88,11 @@ class exec_recorder {
       return tenure::error{tenure::errc::database_unavailable, "the provider said no: rolled back"};
     }
     if (!ok("COMMIT")) return tenure::error{tenure::errc::commit_in_doubt, PQerrorMessage(c)};
+    // The test reads which commits were acknowledged (the failover tests: none of them is lost).
+    static std::mutex out;
+    const std::lock_guard lock{out};
+    std::printf("acked %lld %lld\n", static_cast<long long>(ctx.job_id()), static_cast<long long>(ctx.run_lease()));
+    std::fflush(stdout);
     return receipt;
   }
 

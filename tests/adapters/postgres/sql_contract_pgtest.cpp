@@ -284,6 +284,41 @@ TEST_F(sql_contract, a_token_with_a_wrong_secret_is_answered_as_stale_and_change
   EXPECT_EQ(db_.scalar("SELECT progress IS NULL FROM " + s("jobs") + " WHERE id = $1", {id}), "t");
 }
 
+// complete_batch (the runtime's completion flush) names each attempt by its secret too: after a
+// failover to an asynchronous standby the same (job_id, run_lease) can name another attempt.
+TEST_F(sql_contract, complete_batch_completes_an_item_only_with_its_attempts_secret_and_without_one_by_the_pair) {
+  const auto a = enqueue("k");
+  const auto b = enqueue("k");
+  const auto c = enqueue("k");
+  const auto got = claim(3);
+  ASSERT_EQ(got.size(), 3u);
+  const auto batch = [&](const std::vector<std::pair<claimed, std::string>>& items) {
+    std::string ids = "{", leases = "{", secrets = "{";
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      const std::string sep = i ? "," : "";
+      ids += sep + items[i].first.job_id;
+      leases += sep + items[i].first.run_lease;
+      secrets += sep + items[i].second;
+    }
+    return db_.exec("SELECT job_id FROM " + s("complete_batch") +
+                    "($1::bigint[], $2::bigint[], NULL, $3::uuid[]) ORDER BY job_id",
+                    {ids + "}", leases + "}", secrets + "}"})
+        .rows.size();
+  };
+  // A wrong secret is stale and changes nothing; the right one and a NULL one complete.
+  EXPECT_EQ(batch({{got[0], secret_of(with_wrong_secret(got[0].token))}}), 0u);
+  EXPECT_EQ(state_of(got[0].job_id), "running");
+  EXPECT_EQ(batch({{got[0], secret_of(got[0].token)}, {got[1], "NULL"}, {got[2], secret_of(got[1].token)}}), 2u);
+  EXPECT_EQ(state_of(a) + " " + state_of(b) + " " + state_of(c), "completed completed running");
+  // Without the secrets array (callers of schema 16): by (job_id, run_lease), as before.
+  EXPECT_EQ(db_.exec("SELECT * FROM " + s("complete_batch") + "(ARRAY[" + got[2].job_id + "]::bigint[], ARRAY[" +
+                     got[2].run_lease + "]::bigint[])")
+                .rows.size(),
+            1u);
+  EXPECT_EQ(state_of(c), "completed");
+  EXPECT_EQ(db_.query("SELECT * FROM " + s("complete_batch") + "('{1}', '{1}', NULL, '{}'::uuid[])").sqlstate, "22023");
+}
+
 TEST_F(sql_contract, version_1_tokens_are_refused_with_tn002_and_a_hint_naming_tn2) {
   const auto id = enqueue("k");
   claim(1);
