@@ -175,7 +175,7 @@ TEST_F(trace_pg, a_stale_completion_through_a_guardless_complete_batch_fails_pro
   EXPECT_EQ(db_.scalar(stale, {j}), "0");
   EXPECT_TRUE(checked().ok());
   db_.exec("CREATE OR REPLACE FUNCTION " + s("complete_batch") +
-           "(job_ids bigint[], run_leases bigint[], progress jsonb[] DEFAULT NULL) "
+           "(job_ids bigint[], run_leases bigint[], progress jsonb[] DEFAULT NULL, secrets uuid[] DEFAULT NULL) "
            "RETURNS TABLE(job_id bigint, run_lease bigint, completed_at timestamptz) LANGUAGE plpgsql SECURITY DEFINER "
            "SET search_path = pg_catalog, pg_temp AS $$ #variable_conflict use_column\nBEGIN RETURN QUERY "
            "WITH closed AS (DELETE FROM " + s("receipts") + " r WHERE r.job_id = job_ids[1] RETURNING r.*) "
