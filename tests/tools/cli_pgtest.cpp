@@ -1302,6 +1302,19 @@ TEST_F(cli_pg, bench_caller_owned_reports_the_bare_commit_rate_and_its_ratio) {
   EXPECT_GE(j.at("caller_owned_commits_per_job").get<double>(), 1.0);
 }
 
+TEST_F(cli_pg, bench_runtime_waiting_jobs_stay_in_their_queue_through_the_drain) {
+  const auto j = run_bench(dsn_, {"--mode", "runtime", "--jobs", "300", "--waiting", "500", "--pickup-samples", "3",
+                                  "--keep-schema"});
+  EXPECT_EQ(j.at("waiting_jobs"), 500);
+  ASSERT_TRUE(schema_exists(*db_, j));
+  const std::string schema = j.at("schema");
+  // The drained jobs and the pickups' completed; the backlog of the other queue untouched.
+  EXPECT_EQ(db_->exec("SELECT count(*) FROM " + schema + ".done WHERE state = 'completed' AND queue = 'bench'"), "303");
+  EXPECT_EQ(db_->exec("SELECT count(*) FROM " + schema + ".ready WHERE queue = 'bench_waiting' AND attempt = 0"), "500");
+  EXPECT_EQ(db_->exec("SELECT count(*) FROM " + schema + ".jobs WHERE queue = 'bench_waiting'"), "500");
+  db_->exec("DROP SCHEMA " + schema + " CASCADE");
+}
+
 TEST_F(cli_pg, bench_keep_schema_leaves_the_named_schema_for_inspection) {
   const auto j = run_bench(dsn_, {"--mode", "sql-limit", "--jobs", "300", "--keep-schema"});
   EXPECT_EQ(j.at("completed"), 300);

@@ -28,6 +28,7 @@ using clock = std::chrono::steady_clock;
 using cli::pg_session;
 
 constexpr const char* k_queue = "bench";
+constexpr const char* k_waiting_queue = "bench_waiting";  ///< runtime --waiting: never served
 
 double seconds_since(clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); }
 
@@ -85,13 +86,13 @@ std::shared_ptr<postgres::store> open_store(const std::string& dsn, const std::s
 /// Enqueues `n` jobs of `kind` (no-op by default) in batches of one statement each; returns
 /// jobs per second.
 double enqueue_batches(const std::string& dsn, const std::string& schema, int n, const std::string& kind = "noop",
-                       const nlohmann::json& metadata = nlohmann::json::object()) {
+                       const nlohmann::json& metadata = nlohmann::json::object(), const std::string& queue = k_queue) {
   auto store = open_store(dsn, schema, 1);
   const auto t0 = clock::now();
   std::vector<new_job> chunk;
   for (int done = 0; done < n;) {
     const int k = std::min(5'000, n - done);
-    chunk.assign(static_cast<std::size_t>(k), new_job{.kind = kind, .queue = k_queue, .metadata = metadata});
+    chunk.assign(static_cast<std::size_t>(k), new_job{.kind = kind, .queue = queue, .metadata = metadata});
     auto ids = store->enqueue_batch(chunk);
     if (!ids) throw std::runtime_error("bench: enqueue failed: " + ids.error().message());
     done += k;
@@ -186,6 +187,9 @@ std::vector<double> pickup_latencies(const std::string& dsn, const std::string& 
 
 nlohmann::json run_runtime(const options& o, const std::string& schema) {
   pg_session admin(o.dsn);
+  // Jobs of another queue that nobody serves: they wait through the drain and the pickups, so the
+  // claim path runs beside a large ready table.
+  if (o.waiting > 0) enqueue_batches(o.dsn, schema, static_cast<int>(o.waiting), "noop", o.metadata, k_waiting_queue);
   const double enqueue_rate = enqueue_batches(o.dsn, schema, o.jobs, "noop", o.metadata);
   settle();
   const auto before = read_counters(admin);
@@ -222,6 +226,7 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
 
   return {{"scenario", "runtime"},
           {"jobs", o.jobs},
+          {"waiting_jobs", o.waiting},
           {"enqueue_jobs_per_s", std::round(enqueue_rate)},
           {"drain_jobs_per_s", std::round(o.jobs / drain_s)},
           {"pickup_p50_ms", percentile(lat, 0.50)},

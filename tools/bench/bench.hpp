@@ -17,6 +17,9 @@ struct options {
   /// enqueue-single: jobs per second all producers together aim at; 0 = each runs flat out.
   double rate = 0;
   int pickup_samples = 200;      ///< runtime: low-load pickup latency samples
+  /// runtime: jobs enqueued first into another queue that the runtime does not serve; they wait
+  /// through the drain and the pickups (a drain beside a large backlog).
+  long waiting = 0;
   int workers = 4;               ///< sql-limit: concurrent claim/complete connections
   long prune_rows = 1'000'000;   ///< prune: expired finished jobs to delete while the drain runs
   bool keep_schema = false;

@@ -61,6 +61,10 @@ void register_bench(CLI::App& app, context& ctx) {
   cmd->add_option("--pickup-samples", opts->pickup_samples, "runtime: low-load pickup samples")
       ->check([](const std::string& t) { return check_integer(t, 1, 100'000); }, "1..100000")
       ->capture_default_str();
+  cmd->add_option("--waiting", opts->waiting,
+                  "runtime: jobs enqueued first into another queue, left waiting through the drain and the pickups")
+      ->check([](const std::string& t) { return check_integer(t, 0, 100'000'000); }, "0..100000000")
+      ->capture_default_str();
   cmd->add_option("--workers", opts->workers, "sql-limit: connections")->check([](const std::string& t) { return check_integer(t, 1, 64); }, "1..64")->capture_default_str();
   cmd->add_option("--prune-rows", opts->prune_rows, "prune: expired finished jobs the leader deletes during the drain")
       ->check([](const std::string& t) { return check_integer(t, 1, 100'000'000); }, "1..100000000")
