@@ -82,13 +82,22 @@ struct statements {
         pause_queue{"tenure_pause_queue", "SELECT " + s + ".pause_queue($1)"},
         resume_queue{"tenure_resume_queue", "SELECT " + s + ".resume_queue($1)"},
         update_queue{"tenure_update_queue", "SELECT " + s + ".configure_queue($1, $2::jsonb)"},
+        // The claim path's tables with at least $2 dead rows, and whether this role may VACUUM
+        // them (owner, member of the owner or of the database's owner, or superuser).
+        dead_rows{"tenure_dead_rows",
+                  "SELECT s.relname, pg_has_role(c.relowner, 'USAGE') OR r.rolsuper "
+                  "OR pg_has_role((SELECT d.datdba FROM pg_database d WHERE d.datname = current_database()), 'USAGE') "
+                  "FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid "
+                  "CROSS JOIN (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) r "
+                  "WHERE s.schemaname = $1 AND s.relname IN ('ready', 'receipts') AND s.n_dead_tup >= $2::bigint "
+                  "ORDER BY s.relname"},
         queue_depths{"tenure_queue_depths", "SELECT queue, available, scheduled, retryable, running, waiting_external, " +
                                                 epoch_us("oldest_available") + " FROM " + s + ".queue_depths()"} {}
 
   statement enqueue, enqueue_batch, claim, heartbeat, complete, fail, snooze, cancel_attempt, checkpoint, register_callback,
       await_callback, park_callback, resume_callback, extend_callback, complete_callback, fail_callback, cancel_job,
       retry_job, read_job, rescue, promote, maintain, evidence, evidence_batch, version, configure_queue,
-      pause_queue, resume_queue, update_queue, queue_depths;
+      pause_queue, resume_queue, update_queue, dead_rows, queue_depths;
 };
 
 param text(std::string_view s) { return std::string{s}; }
@@ -647,6 +656,30 @@ result<std::vector<queue_depth>> store::queue_depths() {
                    .running = rows.int64(i, 4),
                    .waiting_external = rows.int64(i, 5),
                    .oldest_available = std::chrono::microseconds{rows.int64(i, 6)}});
+  }
+  return out;
+}
+
+result<reclaim_result> store::reclaim_dead_rows(std::int64_t dead_rows) {
+  TENURE_TRY(auto rows, impl_->run(impl_->st.dead_rows, {impl_->opt.schema, number(std::max<std::int64_t>(dead_rows, 1))},
+                                    effect::read));
+  reclaim_result out;
+  for (int i = 0; i < rows.size(); ++i) {
+    ++out.due;
+    if (!rows.boolean(i, 1)) continue;  // not the owner: autovacuum's work
+    // VACUUM runs outside a transaction block: a simple query of its own. SKIP_LOCKED: a table
+    // autovacuum (or another leader) is cleaning now is not waited for. INDEX_CLEANUP ON: the
+    // index entries are what claims step over, and VACUUM would skip them below 2% of the heap
+    // (a drain beside a large backlog). TRUNCATE false: giving the table's empty end back to the
+    // file system takes an exclusive lock that would stop every claim and enqueue meanwhile.
+    const std::string sql = "VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON, TRUNCATE false) " + impl_->opt.schema + "." +
+                            std::string{rows.text(i, 0)};
+    TENURE_TRYV(impl_->with_connection([&](connection& c) -> result<void> {
+      TENURE_TRY(auto done, c.exec_script(sql, effect::read));
+      (void)done;
+      return success();
+    }));
+    ++out.reclaimed;
   }
   return out;
 }

@@ -12,7 +12,7 @@ std::string_view to_string(op o) noexcept {
       "fail",       "snooze",        "cancel_attempt", "cancel_job", "retry_job",
       "read_job",   "rescue_stale",  "promote_due", "reconcile",  "checkpoint",
       "register_callback", "await_callback", "park_callback", "resume_callback", "extend_callback", "complete_callback",
-      "fail_callback", "configure_queue", "queue_depths"};
+      "fail_callback", "configure_queue", "queue_depths", "reclaim_dead_rows"};
   const auto i = static_cast<std::size_t>(o);
   return i < names.size() ? names[i] : "unknown";
 }
@@ -218,6 +218,10 @@ result<void> faulty_store::configure_queue(std::string_view queue,
 
 result<std::vector<queue_depth>> faulty_store::queue_depths() {
   return call<std::vector<queue_depth>>(op::queue_depths, [&] { return inner_.queue_depths(); });
+}
+
+result<reclaim_result> faulty_store::reclaim_dead_rows(std::int64_t dead_rows) {
+  return call<reclaim_result>(op::reclaim_dead_rows, [&] { return inner_.reclaim_dead_rows(dead_rows); });
 }
 
 }  // namespace tenure::testing

@@ -50,6 +50,11 @@ struct runtime_config {
   /// Run promotion and rescue when this process holds the maintenance lease (or always, when
   /// the storage has no signal port).
   bool maintenance = true;
+  /// After each pass the maintenance leader reclaims the claim path's dead rows (storage_port::
+  /// reclaim_dead_rows: on PostgreSQL a VACUUM of `ready` and `receipts`) once a table holds at
+  /// least this many, so claims after a large drain do not step over them. 0: never (autovacuum
+  /// alone). Needs the tables' owner on PostgreSQL; another role leaves them to autovacuum.
+  std::int64_t reclaim_dead_rows = 10'000;
   std::string worker_id;  ///< default "<hostname>:<pid>"
   int handler_threads = 0;  ///< default: the sum of max_concurrency
   // ---- caller-owned handlers (handle_caller_owned) -----------------------------------------

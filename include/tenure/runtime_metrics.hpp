@@ -58,7 +58,9 @@ namespace tenure {
   X(state, std::int64_t, leader_term, "leader_term",                                                         \
     "Term of the maintenance lease this process holds (0 when it holds none).")                              \
   X(counter, std::uint64_t, leadership_lost, "leadership_lost_total",                                        \
-    "Maintenance passes the database refused because the lease was lost.")
+    "Maintenance passes the database refused because the lease was lost.")                                    \
+  X(counter, std::uint64_t, reclaims, "reclaims_total",                                                      \
+    "Claim-path tables whose dead rows the maintenance leader reclaimed (VACUUM on PostgreSQL).")
 
 /// A histogram of durations in seconds, as Prometheus shows it: cumulative counts per upper
 /// bound (`le`), their count and sum.

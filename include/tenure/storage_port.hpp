@@ -98,6 +98,12 @@ struct queue_depth {
   std::chrono::microseconds oldest_available{0};
 };
 
+/// What `reclaim_dead_rows()` found and did.
+struct reclaim_result {
+  int due = 0;        ///< tables of the claim path holding at least the threshold of dead rows
+  int reclaimed = 0;  ///< of those, the ones cleaned now (the rest: the role may not, see there)
+};
+
 /// Per-queue settings kept in the database (every worker of the queue sees the same).
 struct queue_settings {
   bool dead_letter = false;                    ///< failed jobs go to the dead-letter table
@@ -290,6 +296,16 @@ class storage_port {
       out.push_back(e);
     }
     return out;
+  }
+  /// Removes the dead rows and index entries that finished work leaves on the claim path (the
+  /// row of each claimed job among the available ones, each closed attempt's receipt) from every
+  /// such table holding at least `dead_rows` of them, so claims stop stepping over them. Changes
+  /// no job. A store that leaves no such garbage answers errc::unsupported (this default). On
+  /// PostgreSQL it is a VACUUM, which only the tables' owner (or a superuser) may run: a table
+  /// the role may not clean counts in `due` but not in `reclaimed`, and is left to autovacuum.
+  virtual result<reclaim_result> reclaim_dead_rows(std::int64_t dead_rows) {
+    (void)dead_rows;
+    return error{errc::unsupported, "this store leaves no dead rows to reclaim"};
   }
   /// Every queue holding an unfinished job (and every queue with stored settings), with its
   /// jobs per unfinished state, in one set-based statement; ordered by queue name. Reads only.

@@ -40,6 +40,7 @@ std::optional<std::string> validate_config(runtime_config& config, bool has_sign
   if (config.flush_delay.count() < 0) return bad("flush_delay must not be negative");
   if (config.poll_interval.count() <= 0) return bad("poll_interval must be positive");
   if (config.maintenance_interval.count() <= 0) return bad("maintenance_interval must be positive");
+  if (config.reclaim_dead_rows < 0) return bad("reclaim_dead_rows must be 0 (never) or positive");
   if (config.unhealthy_after && *config.unhealthy_after < config.poll_interval * 2) {
     return bad("unhealthy_after (" + std::to_string(config.unhealthy_after->count()) +
                " ms) must be at least 2 x poll_interval (" + std::to_string(config.poll_interval.count()) + " ms)");

@@ -92,14 +92,19 @@ void maintenance::pass(std::function<void()> done) {
 /// The leader counts every queue's unfinished jobs once per pass (one set-based statement) for
 /// the depth gauges. A store that cannot count is not asked again.
 void maintenance::read_depths(std::function<void()> done) {
-  if (!count_depths) {
-    done();
+  const auto now = core.now();
+  if (!count_depths || now < next_count) {
+    reclaim(std::move(done));
     return;
   }
   running = true;
   core.on_db([this] { return core.store->queue_depths(); },
-             [this, done = std::move(done)](result<std::vector<queue_depth>> r) {
+             [this, done = std::move(done), now](result<std::vector<queue_depth>> r) {
                running = false;
+               // The count reads every unfinished job: with a large backlog it is the leader's
+               // biggest statement. It may take at most 1/k_count_duty of the time, so the next
+               // waits k_count_duty times as long as this one took (never less than a pass).
+               next_count = now + (core.now() - now) * k_count_duty;
                if (!r) {
                  if (r.error() == errc::unsupported) {
                    count_depths = false;
@@ -107,7 +112,7 @@ void maintenance::read_depths(std::function<void()> done) {
                    m.database_errors.fetch_add(1, std::memory_order_relaxed);
                    tenure::logger()->warn("tenure: counting queue depths failed: {}", r.error().message());
                  }
-                 done();
+                 reclaim(std::move(done));
                  return;
                }
                std::vector<queue_series*> seen;
@@ -125,6 +130,40 @@ void maintenance::read_depths(std::function<void()> done) {
                }
                m.queues.zero_depths_except(seen);
                depths_shown = true;
+               reclaim(std::move(done));
+             });
+}
+
+/// The leader reclaims the claim path's dead rows once a table holds reclaim_dead_rows of them:
+/// after a large drain, claims would otherwise step over every claimed job's dead index entry
+/// until autovacuum comes by.
+void maintenance::reclaim(std::function<void()> done) {
+  if (!may_reclaim || core.cfg.reclaim_dead_rows <= 0) {
+    done();
+    return;
+  }
+  running = true;
+  core.on_db([this] { return core.store->reclaim_dead_rows(core.cfg.reclaim_dead_rows); },
+             [this, done = std::move(done)](result<reclaim_result> r) {
+               running = false;
+               if (!r) {
+                 if (r.error() == errc::unsupported) {
+                   may_reclaim = false;
+                 } else {
+                   m.database_errors.fetch_add(1, std::memory_order_relaxed);
+                   tenure::logger()->warn("tenure: reclaiming dead rows failed: {}", r.error().message());
+                 }
+               } else if (r.value().reclaimed > 0) {
+                 m.reclaims.fetch_add(static_cast<std::uint64_t>(r.value().reclaimed), std::memory_order_relaxed);
+                 tenure::logger()->debug("tenure: reclaimed the dead rows of {} claim-path table(s)", r.value().reclaimed);
+               }
+               if (r && r.value().due > r.value().reclaimed && !said_refused) {
+                 said_refused = true;
+                 tenure::logger()->info(
+                     "tenure: {} claim-path table(s) hold at least {} dead rows, which this role may not VACUUM "
+                     "(not their owner): autovacuum must keep up (see README, Flat cost as tables grow)",
+                     r.value().due - r.value().reclaimed, core.cfg.reclaim_dead_rows);
+               }
                done();
              });
 }

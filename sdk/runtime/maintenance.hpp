@@ -2,8 +2,11 @@
 /// \file
 /// Maintenance: promote due deferred jobs and rescue stale attempts, every
 /// maintenance_interval, only while this process leads (leadership.hpp); a pass is fenced by
-/// the lease's term. After each pass the leader counts the queues' depths for the gauges. Rescued jobs back in their queue wake the dispatcher. Stands on control,
+/// the lease's term. After each pass the leader counts the queues' depths for the gauges and
+/// reclaims the claim path's dead rows once enough wait. Rescued jobs back in their queue wake
+/// the dispatcher. Stands on control,
 /// in_flight, leadership and the dispatcher. Private to the runtime; control thread only.
+#include <chrono>
 #include <functional>
 
 #include "sdk/runtime/dispatcher.hpp"
@@ -23,6 +26,7 @@ class maintenance {
 
  private:
   void read_depths(std::function<void()> done);
+  void reclaim(std::function<void()> done);
 
   control& core;
   in_flight_table& table;
@@ -33,7 +37,12 @@ class maintenance {
   asio::steady_timer timer;
   bool running = false;
   bool count_depths = true;   ///< the store counts queue depths (false once it said unsupported)
+  /// A depth count that took d waits k_count_duty x d before the next one (see read_depths).
+  static constexpr int k_count_duty = 50;
+  steady_time_point next_count{};  ///< by the runtime's clock
   bool depths_shown = false;  ///< the depth gauges hold this process's last count
+  bool may_reclaim = true;    ///< the store reclaims dead rows (false once it said unsupported)
+  bool said_refused = false;  ///< the log has said once that the role may not reclaim
 };
 
 }  // namespace tenure::detail

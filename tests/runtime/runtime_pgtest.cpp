@@ -528,6 +528,28 @@ TEST_F(runtime_pg, per_queue_metrics_after_a_drain_label_each_queue_with_its_own
   rt->stop();
 }
 
+TEST_F(runtime_pg, the_leader_vacuums_the_claim_path_after_a_drain_leaves_enough_dead_rows) {
+  enqueue_many(1'500, "x");
+  auto cfg = fast_config();
+  cfg.claim_batch = 500;
+  cfg.reclaim_dead_rows = 1'000;
+  auto rt = make(cfg);
+  rt->handle("x", [](job_context&) { return job_outcome::completed(); });
+  const auto vacuums = [&](const std::string& table) {
+    return std::stol(db_.scalar("SELECT vacuum_count FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = $2",
+                                {schema_.name(), table}));
+  };
+  ASSERT_EQ(vacuums("ready"), 0);
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return count("state = 'completed'") == 1'500; }));
+  // The drain's backends report their dead rows within a few seconds; the next pass vacuums.
+  ASSERT_TRUE(eventually([&] { return rt->metrics().reclaims >= 2; }, 30s)) << rt->metrics().reclaims;
+  EXPECT_GE(vacuums("ready"), 1);
+  EXPECT_GE(vacuums("receipts"), 1);
+  EXPECT_EQ(count("state = 'completed'"), 1'500) << "reclaiming changed no job";
+  rt->stop();
+}
+
 TEST_F(runtime_pg, queue_depth_gauges_match_the_database) {
   enqueue_many(5, "x", "elsewhere");  // a queue nobody here serves
   db_.exec("SELECT " + s("enqueue") + "('x', '{}', 'elsewhere', 2, now() + interval '1 hour', 25) FROM generate_series(1, 2)");

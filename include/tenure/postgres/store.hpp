@@ -99,6 +99,10 @@ class store final : public storage_port {
   result<bool> resume_queue(std::string_view queue) override;
   result<void> update_queue(std::string_view queue, const queue_changes& changes) override;
   result<std::vector<queue_depth>> queue_depths() override;
+  /// VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON, TRUNCATE false) of `ready` and `receipts` when
+  /// pg_stat_user_tables counts at least `dead_rows` dead rows in them and the role owns them (or
+  /// is a superuser); one statement reads the counts, one VACUUM per table due.
+  result<reclaim_result> reclaim_dead_rows(std::int64_t dead_rows) override;
 
   const store_options& options() const noexcept;
 

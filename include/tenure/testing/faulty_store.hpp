@@ -44,8 +44,9 @@ enum class op {
   fail_callback,
   configure_queue,
   queue_depths,
+  reclaim_dead_rows,
 };
-inline constexpr std::size_t k_op_count = static_cast<std::size_t>(op::queue_depths) + 1;
+inline constexpr std::size_t k_op_count = static_cast<std::size_t>(op::reclaim_dead_rows) + 1;
 
 std::string_view to_string(op o) noexcept;
 
@@ -123,6 +124,7 @@ class faulty_store final : public storage_port {
   result<void> configure_queue(std::string_view queue,
                                const queue_settings& settings) override;
   result<std::vector<queue_depth>> queue_depths() override;
+  result<reclaim_result> reclaim_dead_rows(std::int64_t dead_rows) override;
 
  private:
   enum class fault { none, refuse, in_doubt };

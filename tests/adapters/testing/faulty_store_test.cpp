@@ -59,6 +59,7 @@ std::error_code call(storage_port& s, op o) {
     case op::fail_callback: return code(s.fail_callback("cb", "x", true));
     case op::configure_queue: return code(s.configure_queue("q", {}));
     case op::queue_depths: return code(s.queue_depths());
+    case op::reclaim_dead_rows: return code(s.reclaim_dead_rows(1));
   }
   return make_error_code(errc::protocol_error);
 }
