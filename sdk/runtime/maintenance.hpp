@@ -37,8 +37,9 @@ class maintenance {
   asio::steady_timer timer;
   bool running = false;
   bool count_depths = true;   ///< the store counts queue depths (false once it said unsupported)
-  /// A depth count that took d waits k_count_duty x d before the next one (see read_depths).
-  static constexpr int k_count_duty = 50;
+  /// A depth count that took d waits k_count_duty x d before the next one (see read_depths):
+  /// counting takes at most 1% of a connection.
+  static constexpr int k_count_duty = 100;
   steady_time_point next_count{};  ///< by the runtime's clock
   bool depths_shown = false;  ///< the depth gauges hold this process's last count
   bool may_reclaim = true;    ///< the store reclaims dead rows (false once it said unsupported)
