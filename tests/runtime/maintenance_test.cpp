@@ -7,6 +7,7 @@
 #include <chrono>
 #include <thread>
 
+#include "support/eventually.hpp"
 #include "tenure/runtime.hpp"
 #include "tenure/testing/faulty_store.hpp"
 
@@ -18,15 +19,7 @@ namespace {
 using namespace std::chrono_literals;
 using testing::op;
 
-template <class Cond>
-bool eventually(Cond cond, std::chrono::milliseconds timeout = 20s) {
-  const auto until = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < until) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(2ms);
-  }
-  return cond();
-}
+using test::eventually;
 
 class maintenance_unit : public test::sqlite_runtime_fixture {
  protected:

@@ -13,6 +13,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "support/eventually.hpp"
 #include "tenure/clock.hpp"
 #include "tenure/runtime.hpp"
 
@@ -24,15 +25,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-template <class Cond>
-bool eventually(Cond cond, std::chrono::milliseconds timeout = 10s) {
-  const auto until = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < until) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(1ms);
-  }
-  return cond();
-}
+using test::eventually;
 
 using test::watching_log;
 

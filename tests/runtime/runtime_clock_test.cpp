@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "support/eventually.hpp"
 #include "tenure/clock.hpp"
 #include "tenure/runtime.hpp"
 #include "tenure/signal_port.hpp"
@@ -25,15 +26,7 @@ namespace {
 using namespace std::chrono_literals;
 using testing::op;
 
-template <class Cond>
-bool eventually(Cond cond, std::chrono::milliseconds timeout = 20s) {
-  const auto until = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < until) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(1ms);
-  }
-  return cond();
-}
+using test::eventually;
 
 /// Grants the maintenance lease on the first request; every later request (a renewal) fails as
 /// if the database could not be reached. Sends no signals.

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <thread>
 
+#include "support/eventually.hpp"
 #include "support/pg.hpp"
 #include "tenure/postgres/runtime.hpp"
 #include "tenure/postgres/store.hpp"
@@ -60,13 +61,8 @@ class runtime_pg : public ::testing::Test {
   }
   /// Polls `cond` until true or `timeout` (a deadline on every wait, never a bare sleep).
   template <class Cond>
-  static bool eventually(Cond cond, std::chrono::milliseconds timeout = 20s) {
-    const auto until = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < until) {
-      if (cond()) return true;
-      std::this_thread::sleep_for(2ms);
-    }
-    return cond();
+  static bool eventually(Cond cond, std::chrono::milliseconds timeout = std::chrono::seconds{20}) {
+    return test::eventually(std::move(cond), timeout, std::chrono::milliseconds{2});
   }
 };
 

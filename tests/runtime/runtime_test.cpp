@@ -10,6 +10,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "support/eventually.hpp"
 #include "tenure/testing/faulty_store.hpp"
 #include "tenure/sqlite/store.hpp"
 #include "tenure/clock.hpp"
@@ -24,15 +25,7 @@ namespace {
 using namespace std::chrono_literals;
 using testing::op;
 
-template <class Cond>
-bool eventually(Cond cond, std::chrono::milliseconds timeout = 10s) {
-  const auto until = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < until) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(1ms);
-  }
-  return cond();
-}
+using test::eventually;
 
 class runtime_unit : public test::sqlite_runtime_fixture {};
 
