@@ -1315,6 +1315,24 @@ TEST_F(cli_pg, bench_runtime_waiting_jobs_stay_in_their_queue_through_the_drain)
   db_->exec("DROP SCHEMA " + schema + " CASCADE");
 }
 
+TEST_F(cli_pg, bench_reclaim_dead_rows_sets_when_the_leader_vacuums) {
+  // 12,000 jobs leave 12,000 dead rows in ready; the idle runtime of the pickups leads next.
+  const auto vacuums_after = [&](const std::string& reclaim) {
+    const auto j = run_bench(dsn_, {"--mode", "runtime", "--jobs", "12000", "--pickup-samples", "100",
+                                    "--reclaim-dead-rows", reclaim, "--keep-schema"});
+    const std::string schema = j.at("schema");
+    const auto n = db_->exec("SELECT vacuum_count FROM pg_stat_user_tables WHERE schemaname = '" + schema +
+                             "' AND relname = 'ready'");
+    db_->exec("DROP SCHEMA " + schema + " CASCADE");
+    return std::stol(n.value_or("-1"));
+  };
+  EXPECT_EQ(vacuums_after("0"), 0) << "0: the leader never vacuums";
+  EXPECT_GE(vacuums_after("5000"), 1) << "the leader vacuums once 5,000 dead rows wait";
+  const auto r = run_tenure({"--database-url", dsn_, "bench", "--reclaim-dead-rows", "-1"});
+  EXPECT_NE(r.exit_code, 0) << r;
+  EXPECT_NE(r.err.find("--reclaim-dead-rows"), std::string::npos) << r;
+}
+
 TEST_F(cli_pg, bench_keep_schema_leaves_the_named_schema_for_inspection) {
   const auto j = run_bench(dsn_, {"--mode", "sql-limit", "--jobs", "300", "--keep-schema"});
   EXPECT_EQ(j.at("completed"), 300);

@@ -100,8 +100,9 @@ double enqueue_batches(const std::string& dsn, const std::string& schema, int n,
   return n / seconds_since(t0);
 }
 
-runtime_config drain_config() {
+runtime_config drain_config(const options& o) {
   runtime_config c;
+  if (o.reclaim_dead_rows >= 0) c.reclaim_dead_rows = o.reclaim_dead_rows;
   c.queues = {{.name = k_queue, .max_concurrency = 2'048}};
   c.handler_threads = 2;
   c.claim_batch = 1'000;
@@ -194,7 +195,7 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
   settle();
   const auto before = read_counters(admin);
 
-  auto rt = make_runtime(o.dsn, schema, drain_config());
+  auto rt = make_runtime(o.dsn, schema, drain_config(o));
   std::atomic<std::int64_t> last_start_ns{0}, last_job{0};
   rt->handle("noop", [&](job_context& ctx) {
     last_start_ns = clock::now().time_since_epoch().count();
@@ -214,7 +215,7 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
   const auto after = read_counters(admin);
 
   // Pickup latency at low load, with a fresh runtime whose worker is idle.
-  auto idle_rt = make_runtime(o.dsn, schema, drain_config());
+  auto idle_rt = make_runtime(o.dsn, schema, drain_config(o));
   idle_rt->handle("noop", [&](job_context& ctx) {
     last_start_ns = clock::now().time_since_epoch().count();
     last_job = ctx.job_id();
@@ -532,7 +533,7 @@ nlohmann::json run_enqueue_single(const options& o, const std::string& schema) {
   // Phase 2: a runtime drains while the producers run.
   notify_counter notifies(o.dsn, schema);
   pickup_log log;
-  auto rt = make_runtime(o.dsn, schema, drain_config());
+  auto rt = make_runtime(o.dsn, schema, drain_config(o));
   rt->handle("noop", [&](job_context& ctx) {
     log.start(ctx.job_id(), clock::now());
     return job_outcome::completed();
@@ -699,7 +700,7 @@ nlohmann::json run_caller_owned(const options& o, const std::string& schema) {
   auto before = read_counters(admin);
   double batched_s = 0;
   {
-    auto rt = make_runtime(o.dsn, schema, drain_config());
+    auto rt = make_runtime(o.dsn, schema, drain_config(o));
     rt->handle("noop", [](job_context&) { return job_outcome::completed(); });
     const auto t0 = clock::now();
     if (!rt->start()) throw std::runtime_error("bench: runtime did not start");
@@ -722,7 +723,7 @@ nlohmann::json run_caller_owned(const options& o, const std::string& schema) {
   double owned_s = 0, owned_claims = 0, owned_evidence_reads = 0;
   std::atomic<long> failures{0};
   {
-    auto cfg = drain_config();
+    auto cfg = drain_config(o);
     cfg.handler_threads = o.producers;
     cfg.queues[0].max_concurrency = o.producers * 2;
     auto rt = make_runtime(o.dsn, schema, cfg);
@@ -806,7 +807,7 @@ struct drain_phase {
 
 drain_phase measure_drain(const options& o, const std::string& schema) {
   enqueue_batches(o.dsn, schema, o.jobs);
-  auto cfg = drain_config();
+  auto cfg = drain_config(o);
   cfg.maintenance = false;
   auto rt = make_runtime(o.dsn, schema, cfg);
   std::atomic<std::int64_t> last_start_ns{0}, last_job{0};

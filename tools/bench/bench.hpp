@@ -20,6 +20,8 @@ struct options {
   /// runtime: jobs enqueued first into another queue that the runtime does not serve; they wait
   /// through the drain and the pickups (a drain beside a large backlog).
   long waiting = 0;
+  /// Every runtime's runtime_config::reclaim_dead_rows; -1 keeps the default.
+  long reclaim_dead_rows = -1;
   int workers = 4;               ///< sql-limit: concurrent claim/complete connections
   long prune_rows = 1'000'000;   ///< prune: expired finished jobs to delete while the drain runs
   bool keep_schema = false;

@@ -65,6 +65,9 @@ void register_bench(CLI::App& app, context& ctx) {
                   "runtime: jobs enqueued first into another queue, left waiting through the drain and the pickups")
       ->check([](const std::string& t) { return check_integer(t, 0, 100'000'000); }, "0..100000000")
       ->capture_default_str();
+  cmd->add_option("--reclaim-dead-rows", opts->reclaim_dead_rows,
+                  "every runtime's reclaim_dead_rows (0: the leader never vacuums; default: the runtime's)")
+      ->check([](const std::string& t) { return check_integer(t, 0, 1'000'000'000); }, "0..1000000000");
   cmd->add_option("--workers", opts->workers, "sql-limit: connections")->check([](const std::string& t) { return check_integer(t, 1, 64); }, "1..64")->capture_default_str();
   cmd->add_option("--prune-rows", opts->prune_rows, "prune: expired finished jobs the leader deletes during the drain")
       ->check([](const std::string& t) { return check_integer(t, 1, 100'000'000); }, "1..100000000")
