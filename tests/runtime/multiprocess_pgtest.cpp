@@ -643,7 +643,11 @@ TEST_F(queue_limits_mp, three_processes_never_run_more_than_max_running_attempts
   constexpr int k_limit = 3, k_span_jobs = 150;
   db_.exec("SELECT " + s("configure_queue") + "('default', '{\"max_running\": 3}')");
   enqueue_spans(k_span_jobs);
+  // One attempt at a time per process: the limit of 3 is reached only by the processes together
+  // (one process re-claiming every freed slot first left the others nothing).
+  ::setenv("TENURE_MP_CONCURRENCY", "1", 1);
   start_three();
+  ::unsetenv("TENURE_MP_CONCURRENCY");
   // Sample the queue's open attempts while the three processes drain it.
   long most_open = 0;
   ASSERT_TRUE(poll_until(

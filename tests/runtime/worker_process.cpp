@@ -30,6 +30,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -172,7 +173,10 @@ int main(int argc, char** argv) {
   opt.schema = schema;
   opt.application_name = "tenure-mp-" + name;
   auto& cfg = opt.runtime;
-  cfg.queues = {{.name = "default", .max_concurrency = 16}};
+  // TENURE_MP_CONCURRENCY: the process's capacity (default 16), so a test can make a per-queue
+  // limit reachable only by several processes together.
+  const char* concurrency = std::getenv("TENURE_MP_CONCURRENCY");
+  cfg.queues = {{.name = "default", .max_concurrency = concurrency ? std::atoi(concurrency) : 16}};
   cfg.heartbeat_interval = 200ms;
   // Not 3 x heartbeat: at start-up three processes open ~60 sessions at once, and on a loaded
   // 2-core machine a session takes up to ~1 s to open. The runtime opens its pool lazily, so the

@@ -3,6 +3,8 @@
 // told so. Migration 19's autovacuum settings are on both tables.
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "support/pg.hpp"
@@ -12,55 +14,71 @@
 namespace {
 
 using tenure::test::pg;
-using tenure::test::scoped_schema;
 
+/// Each test in a database of its own: VACUUM removes only rows no snapshot can see, and a
+/// snapshot of a test running beside it in the shared database would keep them.
 class reclaim_pg : public ::testing::Test {
  protected:
-  std::string s(const std::string& name) const { return schema_.name() + "." + name; }
+  reclaim_pg() : admin_(tenure::test::test_dsn()), db_name_("tenure_rcl_" + tenure::test::random_suffix()) {
+    admin_.exec("CREATE DATABASE " + db_name_);
+    const auto shared = tenure::test::test_dsn();
+    dsn_ = shared.substr(0, shared.rfind('/') + 1) + db_name_;
+    auto m = tenure::postgres::migrate(dsn_, schema_);
+    if (!m) throw std::runtime_error("migrate failed: " + m.error().message());
+    db_ = std::make_unique<pg>(dsn_);
+  }
+  ~reclaim_pg() override {
+    db_.reset();
+    admin_.query("DROP DATABASE IF EXISTS " + db_name_ + " WITH (FORCE)");
+  }
+  std::string s(const std::string& name) const { return schema_ + "." + name; }
 
   std::unique_ptr<tenure::postgres::store> open(const std::string& dsn) {
-    auto st = tenure::postgres::store::open({.dsn = dsn, .schema = schema_.name(), .pool_size = 1});
+    auto st = tenure::postgres::store::open({.dsn = dsn, .schema = schema_, .pool_size = 1});
     if (!st) ADD_FAILURE() << st.error().message();
     return st ? std::move(st).value() : nullptr;
   }
 
   /// Pages an empty claim's index scan of the default queue reads.
   long claim_scan_pages() {
-    db_.exec("SET enable_seqscan = off");
-    const auto plan = db_.scalar("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT id FROM " + s("ready") +
+    db_->exec("SET enable_seqscan = off");
+    const auto plan = db_->scalar("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT id FROM " + s("ready") +
                                  " WHERE queue = 'default' ORDER BY priority, id LIMIT 1");
-    db_.exec("RESET enable_seqscan");
+    db_->exec("RESET enable_seqscan");
     const auto at = plan.find("\"Shared Hit Blocks\": ");
     if (at == std::string::npos) return -1;
     return std::stol(plan.substr(at + 20));
   }
   long stat(const std::string& table, const std::string& column) {
-    return std::stol(db_.scalar("SELECT " + column + " FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = $2",
-                                {schema_.name(), table}));
+    return std::stol(db_->scalar("SELECT " + column + " FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = $2",
+                                {schema_, table}));
   }
 
-  scoped_schema schema_{"rcl"};
-  pg db_{schema_.dsn()};
+  pg admin_;
+  std::string db_name_;
+  std::string dsn_;
+  std::string schema_ = "rcl";
+  std::unique_ptr<pg> db_;
 };
 
 TEST_F(reclaim_pg, reclaim_dead_rows_vacuums_ready_and_receipts_once_enough_dead_rows_wait) {
-  db_.exec("SELECT count(*) FROM " + s("enqueue_batch") +
+  db_->exec("SELECT count(*) FROM " + s("enqueue_batch") +
                "(array_fill('k'::text, ARRAY[1500]), array_fill('{}'::jsonb, ARRAY[1500]), "
                "array_fill('default'::text, ARRAY[1500]), array_fill(2, ARRAY[1500]))");
-  db_.exec("CREATE TEMP TABLE claimed AS SELECT job_id, run_lease FROM " + s("claim_attempts") + "('default', 1500)");
-  ASSERT_EQ(db_.scalar("SELECT count(*) FROM claimed"), "1500");
-  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("complete_batch") +
+  db_->exec("CREATE TEMP TABLE claimed AS SELECT job_id, run_lease FROM " + s("claim_attempts") + "('default', 1500)");
+  ASSERT_EQ(db_->scalar("SELECT count(*) FROM claimed"), "1500");
+  EXPECT_EQ(db_->scalar("SELECT count(*) FROM " + s("complete_batch") +
                        "((SELECT array_agg(job_id) FROM claimed), (SELECT array_agg(run_lease) FROM claimed))"),
             "1500");
-  db_.exec("SELECT pg_stat_force_next_flush()");
-  db_.exec("SELECT 1");
+  db_->exec("SELECT pg_stat_force_next_flush()");
+  db_->exec("SELECT 1");
   ASSERT_GE(stat("ready", "n_dead_tup"), 1500);
   ASSERT_GE(stat("receipts", "n_dead_tup"), 1500);
   const long pages_before = claim_scan_pages();
   const long ready_vacuums = stat("ready", "vacuum_count");
   const long receipts_vacuums = stat("receipts", "vacuum_count");
 
-  auto st = open(schema_.dsn());
+  auto st = open(dsn_);
   ASSERT_TRUE(st);
   // Below the threshold: nothing is due, nothing runs.
   auto none = st->reclaim_dead_rows(1'000'000);
@@ -80,26 +98,26 @@ TEST_F(reclaim_pg, reclaim_dead_rows_vacuums_ready_and_receipts_once_enough_dead
   const long pages_after = claim_scan_pages();
   EXPECT_GT(pages_before, 2);
   EXPECT_LT(pages_after, pages_before);
-  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("jobs") + " WHERE state = 'completed'"), "1500")
+  EXPECT_EQ(db_->scalar("SELECT count(*) FROM " + s("jobs") + " WHERE state = 'completed'"), "1500")
       << "reclaiming changed no job";
 }
 
 TEST_F(reclaim_pg, a_role_that_does_not_own_the_tables_reclaims_nothing_and_says_they_are_due) {
   const std::string role = "tenure_rcl_" + tenure::test::random_suffix();
-  db_.exec("CREATE ROLE " + role + " LOGIN");
-  auto granted = tenure::postgres::grant(schema_.dsn(), tenure::postgres::grant_kind::worker, role, schema_.name());
+  db_->exec("CREATE ROLE " + role + " LOGIN");
+  auto granted = tenure::postgres::grant(dsn_, tenure::postgres::grant_kind::worker, role, schema_);
   ASSERT_TRUE(granted) << granted.error().message();
-  db_.exec("SELECT count(*) FROM " + s("enqueue_batch") +
+  db_->exec("SELECT count(*) FROM " + s("enqueue_batch") +
                "(array_fill('k'::text, ARRAY[1200]), array_fill('{}'::jsonb, ARRAY[1200]), "
                "array_fill('default'::text, ARRAY[1200]), array_fill(2, ARRAY[1200]))");
-  db_.exec("CREATE TEMP TABLE claimed AS SELECT job_id, run_lease FROM " + s("claim_attempts") + "('default', 1200)");
-  db_.exec("SELECT count(*) FROM " + s("complete_batch") +
+  db_->exec("CREATE TEMP TABLE claimed AS SELECT job_id, run_lease FROM " + s("claim_attempts") + "('default', 1200)");
+  db_->exec("SELECT count(*) FROM " + s("complete_batch") +
            "((SELECT array_agg(job_id) FROM claimed), (SELECT array_agg(run_lease) FROM claimed))");
-  db_.exec("SELECT pg_stat_force_next_flush()");
-  db_.exec("SELECT 1");
+  db_->exec("SELECT pg_stat_force_next_flush()");
+  db_->exec("SELECT 1");
   const long vacuums = stat("ready", "vacuum_count");
   {
-    auto st = open(tenure::test::dsn_with_user(schema_.dsn(), role));
+    auto st = open(tenure::test::dsn_with_user(dsn_, role));
     ASSERT_TRUE(st);
     auto r = st->reclaim_dead_rows(1'000);
     ASSERT_TRUE(r) << r.error().message();
@@ -107,16 +125,16 @@ TEST_F(reclaim_pg, a_role_that_does_not_own_the_tables_reclaims_nothing_and_says
     EXPECT_EQ(r.value().reclaimed, 0) << "only the owner may VACUUM";
   }
   EXPECT_EQ(stat("ready", "vacuum_count"), vacuums);
-  db_.query("DROP OWNED BY " + role + " CASCADE");
-  db_.query("DROP ROLE IF EXISTS " + role);
+  db_->query("DROP OWNED BY " + role + " CASCADE");
+  db_->query("DROP ROLE IF EXISTS " + role);
 }
 
 TEST_F(reclaim_pg, migration_19_sets_autovacuum_for_the_claim_path_tables) {
   for (const std::string table : {"ready", "receipts"}) {
-    const auto options = db_.scalar(
+    const auto options = db_->scalar(
         "SELECT array_to_string(reloptions, ',') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE n.nspname = $1 AND c.relname = $2",
-        {schema_.name(), table});
+        {schema_, table});
     EXPECT_NE(options.find("autovacuum_vacuum_scale_factor=0"), std::string::npos) << table << ": " << options;
     EXPECT_NE(options.find("autovacuum_vacuum_threshold=10000"), std::string::npos) << table << ": " << options;
     EXPECT_NE(options.find("autovacuum_vacuum_cost_delay=0"), std::string::npos) << table << ": " << options;
