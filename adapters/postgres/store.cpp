@@ -664,23 +664,26 @@ result<reclaim_result> store::reclaim_dead_rows(std::int64_t dead_rows) {
   TENURE_TRY(auto rows, impl_->run(impl_->st.dead_rows, {impl_->opt.schema, number(std::max<std::int64_t>(dead_rows, 1))},
                                     effect::read));
   reclaim_result out;
+  std::string tables;  // the due tables this role may VACUUM; the others are autovacuum's work
   for (int i = 0; i < rows.size(); ++i) {
     ++out.due;
-    if (!rows.boolean(i, 1)) continue;  // not the owner: autovacuum's work
-    // VACUUM runs outside a transaction block: a simple query of its own. SKIP_LOCKED: a table
-    // autovacuum (or another leader) is cleaning now is not waited for. INDEX_CLEANUP ON: the
-    // index entries are what claims step over, and VACUUM would skip them below 2% of the heap
-    // (a drain beside a large backlog). TRUNCATE false: giving the table's empty end back to the
-    // file system takes an exclusive lock that would stop every claim and enqueue meanwhile.
-    const std::string sql = "VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON, TRUNCATE false) " + impl_->opt.schema + "." +
-                            std::string{rows.text(i, 0)};
-    TENURE_TRYV(impl_->with_connection([&](connection& c) -> result<void> {
-      TENURE_TRY(auto done, c.exec_script(sql, effect::read));
-      (void)done;
-      return success();
-    }));
+    if (!rows.boolean(i, 1)) continue;
+    tables += (tables.empty() ? "" : ", ") + impl_->opt.schema + "." + std::string{rows.text(i, 0)};
     ++out.reclaimed;
   }
+  if (tables.empty()) return out;
+  // One VACUUM of the listed tables, outside a transaction block: a simple query of its own.
+  // SKIP_LOCKED: a table autovacuum (or another leader) is cleaning now is not waited for.
+  // INDEX_CLEANUP ON: the index entries are what claims step over, and VACUUM would skip them
+  // below 2% of the heap (a drain beside a large backlog). TRUNCATE false: giving the table's
+  // empty end back to the file system takes an exclusive lock that would stop every claim and
+  // enqueue meanwhile.
+  const std::string sql = "VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON, TRUNCATE false) " + tables;
+  TENURE_TRYV(impl_->with_connection([&](connection& c) -> result<void> {
+    TENURE_TRY(auto done, c.exec_script(sql, effect::read));
+    (void)done;
+    return success();
+  }));
   return out;
 }
 

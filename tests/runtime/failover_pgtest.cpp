@@ -40,6 +40,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "support/eventually.hpp"
 #include "support/pg.hpp"
 #include "tenure/log.hpp"
 #include "tenure/postgres/runtime.hpp"
@@ -61,16 +62,6 @@ using std::chrono::steady_clock;
 using std::chrono::system_clock;
 
 const std::string k_schema = "fo";
-
-template <class Cond>
-bool poll_until(Cond cond, std::chrono::milliseconds timeout, std::chrono::milliseconds every = 20ms) {
-  const auto until = steady_clock::now() + timeout;
-  while (steady_clock::now() < until) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(every);
-  }
-  return cond();
-}
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
@@ -301,6 +292,14 @@ std::string id_array(const std::vector<std::int64_t>& ids) {
 /// The producers' reconnect warnings are expected here: only errors are shown.
 void quiet_logs() { tenure::logger()->set_level(spdlog::level::err); }
 
+/// Spawns worker w1 on the pair's multi-host DSN and waits until it says it is ready.
+void start_worker(worker& w, cluster_pair& pair) {
+  w.spawn(pair.root(), pair.multi_dsn(), "w1");
+  ASSERT_TRUE(poll_until([&] { return w.out().find("ready\n") != std::string::npos || w.reap(0ms); }, 30s))
+      << "the worker did not start";
+  ASSERT_FALSE(w.reaped) << "the worker exited at start:\n" << w.log_tail();
+}
+
 TEST(failover, sync_standby_nothing_acknowledged_is_lost_each_job_completes_once_and_the_worker_reconnects) {
   quiet_logs();
   cluster_pair pair;
@@ -308,10 +307,7 @@ TEST(failover, sync_standby_nothing_acknowledged_is_lost_each_job_completes_once
   const std::string s = k_schema + ".";
 
   worker w;
-  w.spawn(pair.root(), pair.multi_dsn(), "w1");
-  ASSERT_TRUE(poll_until([&] { return w.out().find("ready\n") != std::string::npos || w.reap(0ms); }, 30s))
-      << "the worker did not start";
-  ASSERT_FALSE(w.reaped) << "the worker exited at start:\n" << w.log_tail();
+  ASSERT_NO_FATAL_FAILURE(start_worker(w, pair));
 
   producer prod{pair.multi_dsn(), 2ms};
   {
@@ -449,10 +445,7 @@ TEST(failover, async_standby_burst_racing_the_stop_loses_at_most_the_unreplicate
   ASSERT_NO_FATAL_FAILURE(pair.make(/*sync=*/false));
   const std::string s = k_schema + ".";
   worker w;
-  w.spawn(pair.root(), pair.multi_dsn(), "w1");
-  ASSERT_TRUE(poll_until([&] { return w.out().find("ready\n") != std::string::npos || w.reap(0ms); }, 30s))
-      << "the worker did not start";
-  ASSERT_FALSE(w.reaped) << "the worker exited at start:\n" << w.log_tail();
+  ASSERT_NO_FATAL_FAILURE(start_worker(w, pair));
 
   std::vector<std::unique_ptr<producer>> producers;  // several sessions: a burst of commits in flight
   for (int i = 0; i < 3; ++i) producers.push_back(std::make_unique<producer>(pair.multi_dsn(), 0us));

@@ -40,6 +40,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/eventually.hpp"
 #include "support/pg.hpp"
 #include "trace/trace.hpp"
 
@@ -57,17 +58,6 @@ constexpr int k_jobs = 20'000;
 constexpr int k_enqueue_chunk = 5'000;
 constexpr int k_kill_after = 4'000;  // completed jobs before worker 2 is killed
 constexpr auto k_drain_deadline = 120s;
-
-/// Polls `cond` every `every` until true or `timeout` passes (never a bare sleep).
-template <class Cond>
-bool poll_until(Cond cond, std::chrono::milliseconds timeout, std::chrono::milliseconds every = 20ms) {
-  const auto until = steady_clock::now() + timeout;
-  while (steady_clock::now() < until) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(every);
-  }
-  return cond();
-}
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
@@ -534,7 +524,6 @@ TEST_F(multiprocess_pg, caller_owned_jobs_through_a_killed_process_cancels_and_a
                "(array_fill('charge'::text, ARRAY[$1::int]), array_fill('{}'::jsonb, ARRAY[$1::int]), "
                "array_fill('default'::text, ARRAY[$1::int]), array_fill(2, ARRAY[$1::int]))",
            {std::to_string(k_charges)});
-  const long first_id = scalar_long("SELECT min(id) FROM " + s("jobs"));
   workers_.reserve(3);
   spawn("w1");
   spawn("w2");

@@ -2,6 +2,7 @@
 // Polling for a condition that another thread (a runtime, a worker process) makes true.
 #include <chrono>
 #include <thread>
+#include <utility>
 
 namespace tenure::test {
 
@@ -15,6 +16,13 @@ bool eventually(Cond cond, std::chrono::milliseconds timeout = std::chrono::seco
     std::this_thread::sleep_for(step);
   }
   return cond();
+}
+
+/// eventually() for conditions that cost a query or a read: every 20 ms unless said.
+template <class Cond>
+bool poll_until(Cond cond, std::chrono::milliseconds timeout,
+                std::chrono::milliseconds every = std::chrono::milliseconds{20}) {
+  return eventually(std::move(cond), timeout, every);
 }
 
 }  // namespace tenure::test

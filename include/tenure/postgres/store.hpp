@@ -101,7 +101,7 @@ class store final : public storage_port {
   result<std::vector<queue_depth>> queue_depths() override;
   /// VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON, TRUNCATE false) of `ready` and `receipts` when
   /// pg_stat_user_tables counts at least `dead_rows` dead rows in them and the role owns them (or
-  /// is a superuser); one statement reads the counts, one VACUUM per table due.
+  /// is a superuser); one statement reads the counts, one VACUUM lists the tables due.
   result<reclaim_result> reclaim_dead_rows(std::int64_t dead_rows) override;
 
   const store_options& options() const noexcept;

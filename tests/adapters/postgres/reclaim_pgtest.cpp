@@ -39,6 +39,22 @@ class reclaim_pg : public ::testing::Test {
     return st ? std::move(st).value() : nullptr;
   }
 
+  /// `n` jobs enqueued, claimed and completed in this session, which then flushes its table
+  /// statistics: `n` dead rows in `ready` and in `receipts`. Returns how many completed.
+  std::string drain(int n) {
+    const std::string count = std::to_string(n);
+    db_->exec("SELECT count(*) FROM " + s("enqueue_batch") + "(array_fill('k'::text, ARRAY[$1::int]), "
+              "array_fill('{}'::jsonb, ARRAY[$1::int]), array_fill('default'::text, ARRAY[$1::int]), "
+              "array_fill(2, ARRAY[$1::int]))",
+              {count});
+    db_->exec("CREATE TEMP TABLE claimed AS SELECT job_id, run_lease FROM " + s("claim_attempts") + "('default', " +
+              count + ")");
+    const auto completed = db_->scalar("SELECT count(*) FROM " + s("complete_batch") +
+                                       "((SELECT array_agg(job_id) FROM claimed), (SELECT array_agg(run_lease) FROM claimed))");
+    db_->exec("SELECT pg_stat_force_next_flush()");
+    db_->exec("SELECT 1");
+    return completed;
+  }
   /// Pages an empty claim's index scan of the default queue reads.
   long claim_scan_pages() {
     db_->exec("SET enable_seqscan = off");
@@ -62,16 +78,7 @@ class reclaim_pg : public ::testing::Test {
 };
 
 TEST_F(reclaim_pg, reclaim_dead_rows_vacuums_ready_and_receipts_once_enough_dead_rows_wait) {
-  db_->exec("SELECT count(*) FROM " + s("enqueue_batch") +
-               "(array_fill('k'::text, ARRAY[1500]), array_fill('{}'::jsonb, ARRAY[1500]), "
-               "array_fill('default'::text, ARRAY[1500]), array_fill(2, ARRAY[1500]))");
-  db_->exec("CREATE TEMP TABLE claimed AS SELECT job_id, run_lease FROM " + s("claim_attempts") + "('default', 1500)");
-  ASSERT_EQ(db_->scalar("SELECT count(*) FROM claimed"), "1500");
-  EXPECT_EQ(db_->scalar("SELECT count(*) FROM " + s("complete_batch") +
-                       "((SELECT array_agg(job_id) FROM claimed), (SELECT array_agg(run_lease) FROM claimed))"),
-            "1500");
-  db_->exec("SELECT pg_stat_force_next_flush()");
-  db_->exec("SELECT 1");
+  ASSERT_EQ(drain(1'500), "1500");
   ASSERT_GE(stat("ready", "n_dead_tup"), 1500);
   ASSERT_GE(stat("receipts", "n_dead_tup"), 1500);
   const long pages_before = claim_scan_pages();
@@ -107,14 +114,7 @@ TEST_F(reclaim_pg, a_role_that_does_not_own_the_tables_reclaims_nothing_and_says
   db_->exec("CREATE ROLE " + role + " LOGIN");
   auto granted = tenure::postgres::grant(dsn_, tenure::postgres::grant_kind::worker, role, schema_);
   ASSERT_TRUE(granted) << granted.error().message();
-  db_->exec("SELECT count(*) FROM " + s("enqueue_batch") +
-               "(array_fill('k'::text, ARRAY[1200]), array_fill('{}'::jsonb, ARRAY[1200]), "
-               "array_fill('default'::text, ARRAY[1200]), array_fill(2, ARRAY[1200]))");
-  db_->exec("CREATE TEMP TABLE claimed AS SELECT job_id, run_lease FROM " + s("claim_attempts") + "('default', 1200)");
-  db_->exec("SELECT count(*) FROM " + s("complete_batch") +
-           "((SELECT array_agg(job_id) FROM claimed), (SELECT array_agg(run_lease) FROM claimed))");
-  db_->exec("SELECT pg_stat_force_next_flush()");
-  db_->exec("SELECT 1");
+  ASSERT_EQ(drain(1'200), "1200");
   const long vacuums = stat("ready", "vacuum_count");
   {
     auto st = open(tenure::test::dsn_with_user(dsn_, role));
