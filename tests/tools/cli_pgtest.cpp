@@ -1287,6 +1287,53 @@ TEST_F(cli_pg, bench_runtime_drains_every_job_with_batched_commits) {
   EXPECT_FALSE(schema_exists(in_own, j)) << "the bench schema is dropped after the run";
 }
 
+TEST_F(cli_pg, bench_runtime_splits_the_drain_wal_between_claims_completions_and_the_rest) {
+  own_database own{*db_, dsn_};
+  pg in_own{own.dsn()};
+  in_own.exec("CREATE EXTENSION pg_stat_statements");  // scripts/pg preloads its library
+  const auto j = run_bench(own.dsn(), {"--mode", "runtime", "--jobs", "2000", "--pickup-samples", "3"});
+  const double claim = j.at("claim_wal_bytes_per_job"), completion = j.at("completion_wal_bytes_per_job");
+  const double other = j.at("drain_other_wal_bytes_per_job"), total = j.at("wal_bytes_per_job");
+  // Every claim moves a row and every completion moves it again: both write, and together with
+  // the rest they are the drain's WAL (each figure rounded on its own).
+  EXPECT_GT(claim, 50) << j;
+  EXPECT_GT(completion, 50) << j;
+  EXPECT_GE(other, 0) << j;
+  EXPECT_NEAR(claim + completion + other, total, 2) << j;
+  // Enqueue is measured on its own, before the drain: a row and its index entries per job.
+  EXPECT_GT(j.at("enqueue_wal_bytes_per_job").get<double>(), 50) << j;
+}
+
+TEST_F(cli_pg, bench_runtime_leaves_the_wal_split_null_without_pg_stat_statements) {
+  own_database own{*db_, dsn_};  // a new database: the extension is not installed in it
+  const auto j = run_bench(own.dsn(), {"--mode", "runtime", "--jobs", "500", "--pickup-samples", "3"});
+  EXPECT_TRUE(j.at("claim_wal_bytes_per_job").is_null()) << j;
+  EXPECT_TRUE(j.at("completion_wal_bytes_per_job").is_null()) << j;
+  EXPECT_TRUE(j.at("drain_other_wal_bytes_per_job").is_null()) << j;
+  EXPECT_GT(j.at("wal_bytes_per_job").get<double>(), 0) << j;
+  EXPECT_GT(j.at("enqueue_wal_bytes_per_job").get<double>(), 0) << j;
+  pg in_own{own.dsn()};
+  EXPECT_EQ(in_own.exec("SELECT count(*) FROM pg_extension WHERE extname = 'pg_stat_statements'"), std::optional<std::string>("0"))
+      << "the bench installs no extension";
+}
+
+TEST_F(cli_pg, bench_prune_deletes_every_expired_row_and_reports_its_wal_per_row) {
+  own_database own{*db_, dsn_};
+  pg in_own{own.dsn()};
+  in_own.exec("CREATE EXTENSION pg_stat_statements");
+  const auto j = run_bench(own.dsn(), {"--mode", "prune", "--jobs", "300", "--prune-rows", "3000",
+                                       "--pickup-samples", "3"});
+  EXPECT_EQ(j.at("scenario"), "prune");
+  EXPECT_EQ(j.at("prune_rows"), 3000);
+  EXPECT_GE(j.at("prune_passes").get<long>(), 1);
+  EXPECT_GT(j.at("prune_rows_per_s").get<double>(), 0);
+  EXPECT_GT(j.at("baseline_drain_jobs_per_s").get<double>(), 0);
+  EXPECT_GT(j.at("pruning_drain_jobs_per_s").get<double>(), 0);
+  // A deleted row writes at least its heap delete record.
+  EXPECT_GT(j.at("prune_wal_bytes_per_row").get<double>(), 20) << j;
+  EXPECT_FALSE(schema_exists(in_own, j)) << "the bench schema is dropped after the run";
+}
+
 TEST_F(cli_pg, bench_caller_owned_reports_the_bare_commit_rate_and_its_ratio) {
   own_database own{*db_, dsn_};
   const auto j = run_bench(own.dsn(), {"--mode", "caller-owned", "--jobs", "300", "--producers", "2"});

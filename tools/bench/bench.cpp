@@ -1,4 +1,5 @@
 #include "bench/bench.hpp"
+#include "bench/statement_wal.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -191,9 +192,15 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
   // Jobs of another queue that nobody serves: they wait through the drain and the pickups, so the
   // claim path runs beside a large ready table.
   if (o.waiting > 0) enqueue_batches(o.dsn, schema, static_cast<int>(o.waiting), "noop", o.metadata, k_waiting_queue);
+  const auto enqueue_before = read_counters(admin);
   const double enqueue_rate = enqueue_batches(o.dsn, schema, o.jobs, "noop", o.metadata);
+  const auto enqueue_after = read_counters(admin);
   settle();
   const auto before = read_counters(admin);
+  // The drain's WAL split by statement: what the claims wrote, what the completion flushes wrote.
+  auto by_statement = statement_wal::open(o.dsn, schema);
+  const auto statements_before = by_statement ? by_statement->read({"claim_attempts", "complete_batch"})
+                                              : statement_wal::reading{};
 
   auto rt = make_runtime(o.dsn, schema, drain_config(o));
   std::atomic<std::int64_t> last_start_ns{0}, last_job{0};
@@ -213,6 +220,18 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
   rt.reset();
   settle();
   const auto after = read_counters(admin);
+  const auto statements_after = by_statement ? by_statement->read({"claim_attempts", "complete_batch"})
+                                             : statement_wal::reading{};
+  const double drain_wal = (after.wal_bytes - before.wal_bytes) / o.jobs;
+  nlohmann::json claim_wal = nullptr, completion_wal = nullptr, other_wal = nullptr;
+  if (by_statement) {
+    const double claim = wal_per_job(statements_before, statements_after, "claim_attempts", o.jobs);
+    const double completion = wal_per_job(statements_before, statements_after, "complete_batch", o.jobs);
+    claim_wal = std::round(claim);
+    completion_wal = std::round(completion);
+    // Heartbeats, the leader's passes, vacuum, commit records: everything else in the drain.
+    other_wal = std::round(std::max(0.0, drain_wal - claim - completion));
+  }
 
   // Pickup latency at low load, with a fresh runtime whose worker is idle.
   auto idle_rt = make_runtime(o.dsn, schema, drain_config(o));
@@ -233,7 +252,13 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
           {"pickup_p50_ms", percentile(lat, 0.50)},
           {"pickup_p95_ms", percentile(lat, 0.95)},
           {"pickup_p99_ms", percentile(lat, 0.99)},
-          {"wal_bytes_per_job", std::round((after.wal_bytes - before.wal_bytes) / o.jobs)},
+          // The drain's WAL (claims, completions and the rest, enqueue excluded), then its split;
+          // the split is null where the server does not load pg_stat_statements.
+          {"wal_bytes_per_job", std::round(drain_wal)},
+          {"claim_wal_bytes_per_job", claim_wal},
+          {"completion_wal_bytes_per_job", completion_wal},
+          {"drain_other_wal_bytes_per_job", other_wal},
+          {"enqueue_wal_bytes_per_job", std::round((enqueue_after.wal_bytes - enqueue_before.wal_bytes) / o.jobs)},
           {"commits_per_job", (after.commits - before.commits) / o.jobs},
           {"claims", drained.claims},
           {"flushes", drained.flushes},
@@ -833,6 +858,9 @@ drain_phase measure_drain(const options& o, const std::string& schema) {
 nlohmann::json run_prune(const options& o, const std::string& schema) {
   insert_expired(o.dsn, schema, o.prune_rows);
   const auto baseline = measure_drain(o, schema);
+  // What the pruner's passes write (the drain beside them runs no leader of its own).
+  auto by_statement = statement_wal::open(o.dsn, schema);
+  const auto statements_before = by_statement ? by_statement->read({"maintain"}) : statement_wal::reading{};
 
   std::atomic<bool> stop{false};
   std::atomic<long> pruned{0};
@@ -874,6 +902,11 @@ nlohmann::json run_prune(const options& o, const std::string& schema) {
   const long pruned_during_drain = pruned.load();
   pruner.join();  // runs until every expired row is gone
   if (!error.empty()) throw std::runtime_error(error);
+  nlohmann::json prune_wal = nullptr;
+  if (by_statement) {
+    prune_wal = std::round(wal_per_job(statements_before, by_statement->read({"maintain"}), "maintain",
+                                       static_cast<double>(o.prune_rows)));
+  }
   return {{"scenario", "prune"},
           {"jobs", o.jobs},
           {"prune_rows", o.prune_rows},
@@ -883,6 +916,8 @@ nlohmann::json run_prune(const options& o, const std::string& schema) {
           {"prune_passes", pass_ms.size()},
           {"prune_pass_p50_ms", rounded(percentile(pass_ms, 0.50), 1)},
           {"prune_pass_max_ms", rounded(percentile(pass_ms, 1.0), 1)},
+          // WAL of the pruner's passes per expired row (null without pg_stat_statements).
+          {"prune_wal_bytes_per_row", prune_wal},
           {"baseline_drain_jobs_per_s", baseline.drain_jobs_per_s},
           {"baseline_pickup_p50_ms", percentile(baseline.pickup_ms, 0.50)},
           {"baseline_pickup_p99_ms", percentile(baseline.pickup_ms, 0.99)},
