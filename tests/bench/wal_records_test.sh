@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs bench/wal_records small against the test cluster (scripts/pg's, whose WAL it reads) and
+# checks each phase's split: one heap delete per job for a claim and for a completion, a heap
+# insert per job in every phase, record bytes that add up to the phase's total, and no schema left.
+set -euo pipefail
+script=$1 tenure=$2
+: "${TENURE_TEST_DSN:?the DSN of the test cluster}"
+count='SELECT count(*) FROM pg_namespace WHERE nspname LIKE $$walrec\_%$$'
+before=$(psql -X -qAt "$TENURE_TEST_DSN" -c "$count")
+lines=$("$script" --tenure "$tenure" --jobs 400 --batch 100)
+echo "$lines"
+after=$(psql -X -qAt "$TENURE_TEST_DSN" -c "$count")
+python3 - "$lines" "$before" "$after" <<'PY'
+import json, sys
+phases = [json.loads(l) for l in sys.argv[1].splitlines()]
+before, after = int(sys.argv[2]), int(sys.argv[3])
+assert [p["phase"] for p in phases] == ["enqueue", "claim", "completion"], phases
+for p in phases:
+    r = p["records"]
+    assert p["jobs"] == 400 and p["bytes_per_job"] > 0, p
+    inserts = sum(r.get(k, {}).get("records_per_job", 0) for k in ("Heap/INSERT", "Heap/INSERT+INIT"))
+    assert inserts >= 1.0, (p["phase"], inserts)  # the job's row, written once more in each phase
+    assert abs(sum(v["bytes_per_job"] for v in r.values()) - p["bytes_per_job"]) < 0.5 + 0.001 * p["bytes_per_job"], p
+    assert 0 <= p["fpi_bytes_per_job"] <= p["bytes_per_job"], p
+by = {p["phase"]: p["records"] for p in phases}
+# Runs alone (RUN_SERIAL): only the server's own background work shares the ranges.
+assert 1.0 <= by["claim"]["Heap/DELETE"]["records_per_job"] <= 1.02, by["claim"]            # out of ready
+assert 1.0 <= by["completion"]["Heap/DELETE"]["records_per_job"] <= 1.02, by["completion"]  # out of receipts
+assert "Heap/DELETE" not in by["enqueue"], by["enqueue"]
+assert after == before, f"walrec schemas: {before} before, {after} after"
+print("wal_records: figures consistent")
+PY
