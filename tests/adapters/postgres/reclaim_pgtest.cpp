@@ -109,6 +109,47 @@ TEST_F(reclaim_pg, reclaim_dead_rows_vacuums_ready_and_receipts_once_enough_dead
       << "reclaiming changed no job";
 }
 
+TEST_F(reclaim_pg, a_claim_after_the_drained_queue_is_vacuumed_and_refilled_reads_only_the_rows_it_takes) {
+  // Statistics stay as the leader's VACUUM leaves them: no autovacuum or autoanalyze mends them.
+  db_->exec("ALTER TABLE " + s("ready") + " SET (autovacuum_enabled = false)");
+  ASSERT_EQ(drain(10'000), "10000");
+  {
+    auto st = open(dsn_);
+    ASSERT_TRUE(st);
+    auto r = st->reclaim_dead_rows(1'000);  // the leader's vacuum after a drain
+    ASSERT_TRUE(r) << r.error().message();
+    ASSERT_EQ(r.value().reclaimed, 2);
+  }
+  // The table the vacuum saw: pages, and no live row in them.
+  ASSERT_EQ(db_->scalar("SELECT reltuples::bigint FROM pg_class WHERE oid = $1::regclass", {s("ready")}), "0");
+  ASSERT_GT(std::stol(db_->scalar("SELECT relpages FROM pg_class WHERE oid = $1::regclass", {s("ready")})), 0);
+  // A burst refills the queue before anything analyzes it again.
+  db_->exec("SELECT count(*) FROM " + s("enqueue_batch") + "(array_fill('k'::text, ARRAY[200000]), "
+            "array_fill('{}'::jsonb, ARRAY[200000]), array_fill('default'::text, ARRAY[200000]), "
+            "array_fill(2, ARRAY[200000]))");
+  // Buffer accesses to the claim index (pg_statio: pages, whatever each scan returned).
+  const auto claim_index_pages = [&] {
+    return std::stol(db_->scalar("SELECT idx_blks_read + idx_blks_hit FROM pg_statio_user_indexes "
+                                 "WHERE schemaname = $1 AND indexrelname = 'ready_claim_idx'",
+                                 {schema_}));
+  };
+  const long before = claim_index_pages();
+  {
+    pg worker{dsn_};  // a new connection: the claim's plan is made now, from these statistics
+    for (int i = 0; i < 5; ++i) {
+      EXPECT_EQ(worker.scalar("SELECT count(*) FROM " + s("claim_attempts") + "('default', 8)"), "8");
+    }
+    worker.exec("SELECT pg_stat_force_next_flush()");
+    worker.exec("SELECT 1");
+  }
+  const long pages = claim_index_pages() - before;
+  // Each claim descends the claim index to its 8 jobs and deletes them by their address. A delete
+  // that looked its rows up by id chose, on these statistics (from ~150,000 waiting jobs up), a
+  // scan of the whole claim index (id is its last column): ~700 pages for every claim.
+  EXPECT_GE(pages, 5);
+  EXPECT_LT(pages, 200) << "claim index pages read by 5 claims of 8 jobs";
+}
+
 TEST_F(reclaim_pg, a_role_that_does_not_own_the_tables_reclaims_nothing_and_says_they_are_due) {
   const std::string role = "tenure_rcl_" + tenure::test::random_suffix();
   db_->exec("CREATE ROLE " + role + " LOGIN");
