@@ -1217,6 +1217,12 @@ TEST_F(cli_pg, bench_enqueue_single_prints_all_three_phases_and_their_ratios) {
   EXPECT_GT(drained, 0);
   EXPECT_GT(undrained, 0);
   EXPECT_NEAR(j.at("ratio_to_undrained").get<double>(), drained / undrained, 0.01);
+  // The load the bare drain's floor was taken under: its producers' rate against the undrained
+  // one, and their commit round trip in that phase.
+  EXPECT_NEAR(j.at("sql_limit_ratio_to_undrained").get<double>(),
+              j.at("sql_limit_enqueue_jobs_per_s").get<double>() / undrained, 0.01);
+  EXPECT_GT(j.at("sql_limit_producer_commit_p50_ms").get<double>(), 0);
+  EXPECT_GE(j.at("sql_limit_producer_commit_p99_ms").get<double>(), j.at("sql_limit_producer_commit_p50_ms").get<double>());
   EXPECT_GT(j.at("pickup_p50_ms").get<double>(), 0);
   EXPECT_GE(j.at("pickup_p99_ms").get<double>(), j.at("pickup_p50_ms").get<double>());
   // One producer commit per job, and the drain's claims and flushes on top of it.
@@ -1334,7 +1340,7 @@ TEST_F(cli_pg, bench_prune_deletes_every_expired_row_and_reports_its_wal_per_row
   EXPECT_FALSE(schema_exists(in_own, j)) << "the bench schema is dropped after the run";
 }
 
-TEST_F(cli_pg, bench_caller_owned_reports_the_bare_commit_rate_and_its_ratio) {
+TEST_F(cli_pg, bench_caller_owned_reports_the_bare_commit_rate_its_ratio_and_where_the_cost_goes) {
   own_database own{*db_, dsn_};
   const auto j = run_bench(own.dsn(), {"--mode", "caller-owned", "--jobs", "300", "--producers", "2"});
   EXPECT_EQ(j.at("scenario"), "caller-owned");
@@ -1347,6 +1353,24 @@ TEST_F(cli_pg, bench_caller_owned_reports_the_bare_commit_rate_and_its_ratio) {
   EXPECT_NEAR(j.at("caller_owned_vs_bare").get<double>(), owned / bare, 0.006 + owned / bare * 0.01) << j;
   // One commit per caller-owned job: its own business transaction.
   EXPECT_GE(j.at("caller_owned_commits_per_job").get<double>(), 1.0);
+
+  // Where the cost goes. Both phases took CPU for every job. (Which took more is not asserted: other tests share the
+  // machine's CPU, and these phases last a fraction of a second.)
+  const double bare_cpu = j.at("bare_cpu_ms_per_job"), owned_cpu = j.at("caller_owned_cpu_ms_per_job");
+  EXPECT_GT(bare_cpu, 0) << j;
+  EXPECT_GT(owned_cpu, 0) << j;
+  EXPECT_GT(j.at("bare_cpu_busy_pct").get<double>(), 0);
+  EXPECT_GT(j.at("caller_owned_cpu_busy_pct").get<double>(), 0);
+  // The handlers' transaction time: a share of the threads' time, and per job at least the
+  // business transaction's four round trips.
+  const double busy = j.at("caller_owned_handler_busy");
+  EXPECT_GT(busy, 0) << j;
+  EXPECT_LE(busy, 1.0) << j;
+  EXPECT_GT(j.at("caller_owned_handler_ms").get<double>(), 0.01) << j;
+  // CPU per job is the busy share of both cores over the phase's rate.
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  EXPECT_NEAR(owned_cpu, j.at("caller_owned_cpu_busy_pct").get<double>() / 100 * cores * 1000 / owned,
+              owned_cpu * 0.02 + 0.002) << j;
 }
 
 TEST_F(cli_pg, bench_runtime_waiting_jobs_stay_in_their_queue_through_the_drain) {

@@ -46,9 +46,14 @@ bool exec_ok(PGconn* c, const std::string& sql) {
 
 /// The business transaction of the caller-owned scenario without tenure: `connections` threads,
 /// each on its own connection, run BEGIN; INSERT one business row; COMMIT until `total` rows are
-/// committed. Returns commits per second. The rows carry run lease 0, so they never count as a
+/// committed. Returns commits per second and the CPU they took. The rows carry run lease 0, so they never count as a
 /// caller-owned completion's row.
-double bare_commits(const std::string& dsn, const std::string& schema, int connections, int total) {
+struct phase_rate {
+  double per_s = 0;
+  cpu_share cpu;  ///< the machine's CPU while the phase ran
+};
+
+phase_rate bare_commits(const std::string& dsn, const std::string& schema, int connections, int total) {
   std::atomic<int> next{0};
   std::atomic<bool> failed{false};
   const std::string insert = "INSERT INTO " + schema + ".bench_orders VALUES ($1, 0)";
@@ -63,6 +68,7 @@ double bare_commits(const std::string& dsn, const std::string& schema, int conne
     }
     conns.push_back(c);
   }
+  const cpu_meter cpu;
   const auto t0 = clock::now();
   for (auto* c : conns) {
     threads.emplace_back([&, c] {
@@ -79,9 +85,16 @@ double bare_commits(const std::string& dsn, const std::string& schema, int conne
   }
   for (auto& t : threads) t.join();
   const double s = seconds_since(t0);
+  const auto used = cpu.share();
   for (auto* c : conns) PQfinish(c);
   if (failed) throw std::runtime_error("bench: a bare business transaction failed");
-  return total / s;
+  return {total / s, used};
+}
+
+/// Milliseconds of busy CPU (over all cores) per job at `per_s` jobs a second.
+double cpu_ms_per_job(const cpu_share& c, double per_s) {
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  return per_s > 0 ? rounded(c.busy_pct / 100 * cores * 1000 / per_s, 3) : 0.0;
 }
 
 }  // namespace
@@ -114,7 +127,8 @@ nlohmann::json run_caller_owned(const options& o, const std::string& schema) {
   const double batched_commits = (after.commits - before.commits) / o.jobs;
 
   // (b) the same business transaction without tenure, the limit the caller-owned path is held to
-  const double bare_rate = bare_commits(o.dsn, schema, o.producers, o.jobs);
+  const auto bare = bare_commits(o.dsn, schema, o.producers, o.jobs);
+  const double bare_rate = bare.per_s;
 
   // (c) caller-owned: one business insert + complete_in_tx + COMMIT per job
   enqueue_batches(o.dsn, schema, o.jobs, "charge");
@@ -122,6 +136,8 @@ nlohmann::json run_caller_owned(const options& o, const std::string& schema) {
   before = read_counters(admin);
   double owned_s = 0, owned_claims = 0, owned_evidence_reads = 0;
   std::atomic<long> failures{0};
+  std::atomic<std::int64_t> handler_ns{0};  // summed time the handlers spent in their transactions
+  cpu_share owned_cpu;
   {
     auto cfg = drain_config(o);
     cfg.handler_threads = o.producers;
@@ -129,6 +145,12 @@ nlohmann::json run_caller_owned(const options& o, const std::string& schema) {
     auto rt = make_runtime(o.dsn, schema, cfg);
     const std::string insert = "INSERT INTO " + schema + ".bench_orders VALUES ($1, $2)";
     rt->handle_caller_owned("charge", [&](caller_owned_context& ctx) -> result<finalization_receipt> {
+      const auto began = clock::now();
+      struct timed {
+        std::atomic<std::int64_t>& sum;
+        clock::time_point began;
+        ~timed() { sum += std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - began).count(); }
+      } counted{handler_ns, began};
       thread_local thread_conn own;
       PGconn* c = own.get(o.dsn);
       if (!c) return make_error_code(errc::database_unavailable);
@@ -146,11 +168,13 @@ nlohmann::json run_caller_owned(const options& o, const std::string& schema) {
       }
       return receipt;
     });
+    const cpu_meter cpu;
     const auto t0 = clock::now();
     if (!rt->start()) throw std::runtime_error("bench: runtime did not start");
     wait_for([&] { return rt->metrics().completed >= static_cast<std::uint64_t>(o.jobs); }, 600s,
              "the caller-owned drain");
     owned_s = seconds_since(t0);
+    owned_cpu = cpu.share();
     const auto m = rt->metrics();
     owned_claims = static_cast<double>(m.claims);
     owned_evidence_reads = static_cast<double>(m.reconcile_reads);
@@ -172,6 +196,17 @@ nlohmann::json run_caller_owned(const options& o, const std::string& schema) {
           {"caller_owned_vs_batched", rounded(batched_s / owned_s, 2)},
           {"bare_commits_per_s", std::round(bare_rate)},
           {"caller_owned_vs_bare", rounded(owned_rate / bare_rate, 2)},
+          // Where the caller-owned path's time goes: the machine's busy CPU per job in each
+          // phase (both cores, client and server together; steal excluded), and the share of
+          // the handler threads' time spent inside their transactions (the rest they waited for
+          // work: claims, and permits held until the evidence read answers).
+          {"bare_cpu_ms_per_job", cpu_ms_per_job(bare.cpu, bare_rate)},
+          {"caller_owned_cpu_ms_per_job", cpu_ms_per_job(owned_cpu, owned_rate)},
+          {"bare_cpu_busy_pct", bare.cpu.busy_pct},
+          {"caller_owned_cpu_busy_pct", owned_cpu.busy_pct},
+          {"caller_owned_cpu_steal_pct", owned_cpu.steal_pct},
+          {"caller_owned_handler_busy", rounded(static_cast<double>(handler_ns.load()) / 1e9 / (o.producers * owned_s), 2)},
+          {"caller_owned_handler_ms", rounded(static_cast<double>(handler_ns.load()) / 1e6 / o.jobs, 2)},
           {"batched_wal_bytes_per_job", std::round(batched_wal)},
           {"caller_owned_wal_bytes_per_job", std::round(owned_wal)},
           {"batched_commits_per_job", rounded(batched_commits, 2)},

@@ -306,6 +306,12 @@ nlohmann::json run_enqueue_single(const options& o, const std::string& schema) {
           {"sql_limit_pickup_p95_ms", percentile(bare_lat, 0.95)},
           {"sql_limit_pickup_p99_ms", bare_p99},
           {"pickup_p99_ratio_to_sql_limit", bare_p99 > 0 ? rounded(p99 / bare_p99, 2) : 0.0},
+          // The load that floor was measured under: the bare drain claims again at once and
+          // busy-polls, and on a small machine that spinning takes CPU from the producers. Its
+          // pickup is the floor of the runtime's only when this ratio is near ratio_to_undrained.
+          {"sql_limit_ratio_to_undrained", undrained_rate > 0 ? rounded(bare_rate / undrained_rate, 2) : 0.0},
+          {"sql_limit_producer_commit_p50_ms", percentile(bare.commit_ms, 0.50)},
+          {"sql_limit_producer_commit_p99_ms", percentile(bare.commit_ms, 0.99)},
           // What one durable commit takes under this load, in the same phases: the producers'
           // COMMIT round trip while the runtime drained, and the bare drain's claim round trip
           // (a claim that took jobs commits durably before any of them can start).
