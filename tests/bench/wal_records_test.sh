@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs bench/wal_records small against the test cluster (scripts/pg's, whose WAL it reads) and
 # checks each phase's split: one heap delete per job for a claim and for a completion, a heap
-# insert per job in every phase, record bytes that add up to the phase's total, and no schema left.
+# insert per job in every phase, record bytes that add up to the phase's total, and no schema left;
+# then the same for the append-only prototype (--layout compact): no delete, no row per job.
 set -euo pipefail
 script=$1 tenure=$2
 : "${TENURE_TEST_DSN:?the DSN of the test cluster}"
@@ -9,12 +10,27 @@ count='SELECT count(*) FROM pg_namespace WHERE nspname LIKE $$walrec\_%$$'
 before=$(psql -X -qAt "$TENURE_TEST_DSN" -c "$count")
 lines=$("$script" --tenure "$tenure" --jobs 400 --batch 100)
 echo "$lines"
+compact=$("$script" --tenure "$tenure" --jobs 400 --batch 100 --layout compact)
+echo "$compact"
 after=$(psql -X -qAt "$TENURE_TEST_DSN" -c "$count")
-python3 - "$lines" "$before" "$after" <<'PY'
+python3 - "$lines" "$before" "$after" "$compact" <<'PY'
 import json, sys
 phases = [json.loads(l) for l in sys.argv[1].splitlines()]
 before, after = int(sys.argv[2]), int(sys.argv[3])
+compact = {p["phase"]: p for p in map(json.loads, sys.argv[4].splitlines())}
 assert [p["phase"] for p in phases] == ["enqueue", "claim", "completion"], phases
+assert all(p["layout"] == "shipped" for p in phases), phases
+assert list(compact) == ["enqueue", "claim", "completion"], compact
+# The append-only prototype deletes nothing when it claims or completes, writes the job's row
+# only at enqueue, and its drain (claim + completion) stays within 150 bytes per job.
+for name in ("claim", "completion"):
+    c = compact[name]
+    assert c["layout"] == "compact", c
+    assert "Heap/DELETE" not in c["records"], c
+    assert c["records"].get("Heap/INSERT", {}).get("records_per_job", 0) < 0.1, c
+assert compact["claim"]["bytes_per_job"] + compact["completion"]["bytes_per_job"] <= 150, compact
+shipped = {p["phase"]: p for p in phases}
+assert compact["claim"]["bytes_per_job"] < shipped["claim"]["bytes_per_job"] / 2, (compact, shipped)
 for p in phases:
     r = p["records"]
     assert p["jobs"] == 400 and p["bytes_per_job"] > 0, p
