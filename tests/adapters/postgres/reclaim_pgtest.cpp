@@ -185,11 +185,14 @@ TEST_F(reclaim_pg, a_promotion_after_the_deferred_table_is_vacuumed_and_refilled
     leader.exec("SELECT 1");
   }
   const long read = tuples_read() - before;
-  // Each promotion walks the due index to its 1,000 jobs and deletes them by their address. The
-  // plans these statistics used to get read all 200,000 due rows for every promotion: a bitmap
-  // scan and a sort to pick, a hash join over the whole primary key to delete.
+  // Each promotion walks the due index to its 1,000 jobs and deletes them by their address. Until
+  // a vacuum, the index keeps the entries of the rows earlier promotions deleted, and a scan steps
+  // over them unless an earlier one could mark them dead: at most 1,000 + 2,000 + ... + 7,000 =
+  // 28,000 in all. The plans these statistics used to get read all 200,000 due rows for every
+  // promotion (over 1,000,000 in all): a bitmap scan and a sort to pick, a hash join over the
+  // whole primary key to delete.
   EXPECT_GE(read, 7'000);
-  EXPECT_LT(read, 20'000) << "entries of deferred read by 7 promotions of 1,000 jobs";
+  EXPECT_LE(read, 30'000) << "entries of deferred read by 7 promotions of 1,000 jobs";
   EXPECT_EQ(db_->scalar("SELECT count(*) FROM " + s("ready")), "17000") << "every promoted job is ready";
   EXPECT_EQ(db_->scalar("SELECT count(*) FROM " + s("deferred")), "193000");
 }
