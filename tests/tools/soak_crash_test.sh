@@ -33,8 +33,12 @@ import json, sys
 d, rc = json.loads(sys.argv[1]), int(sys.argv[2])
 assert rc == 1 and d["ok"] is False, (rc, d["ok"])
 assert d["worker_crashes"] == 1, d["worker_exits"]
-exits = d["worker_exits"]
-assert len(exits) == 1 and exits[0]["worker"] == "w2-1" and exits[0]["how"] == "signal 11", exits
+# The soak also terminates backends; one that hits a worker while it starts makes that worker
+# exit 1 (database unavailable), which the soak tolerates and restarts. Only the crash is a signal.
+exits = [e for e in d["worker_exits"] if e["how"].startswith("signal ")]
+assert len(exits) == 1 and exits[0]["worker"] == "w2-1" and exits[0]["how"] == "signal 11", d["worker_exits"]
+others = [e for e in d["worker_exits"] if not e["how"].startswith("signal ")]
+assert all(e["how"] == "exit 1" and "database unavailable" in e["log_tail"] for e in others), others
 # Started again, the worker and its peer drained the run; nothing was lost or finalized twice.
 assert d["drained"] is True and d["lost"] == 0 and d["finalized_twice"] == 0, d
 assert d["trace_violations"] == 0, d["trace"]
