@@ -287,7 +287,8 @@ grant_list grants_of(grant_kind kind) {
       break;
     case grant_kind::producer:
       out.functions = {"enqueue(text, jsonb, text, int, timestamptz, int, jsonb, text)",
-                       "enqueue_batch(text[], jsonb[], text[], int[], timestamptz[], int[], jsonb[], text[])"};
+                       "enqueue_batch(text[], jsonb[], text[], int[], timestamptz[], int[], jsonb[], text[])",
+                       "enqueue_copy_stage()", "enqueue_copied()"};
       break;
     case grant_kind::callback:
       out.functions = {"resume_callback(uuid, jsonb)", "extend_callback(uuid, interval)",

@@ -30,6 +30,7 @@ result<std::int64_t> enqueue(pqxx::transaction_base& tx, const new_job& job, con
 
 /// Enqueues many jobs inside `tx` with one `<schema>.enqueue_batch(...)` statement over arrays;
 /// ids in input order. All or nothing: one invalid job refuses the batch before anything is sent.
+/// Always over arrays: this bridge does not take the COPY path (options.copy_threshold is not read).
 result<std::vector<std::int64_t>> enqueue_batch(pqxx::transaction_base& tx, std::span<const new_job> jobs,
                                                 const sql_options& options = {});
 

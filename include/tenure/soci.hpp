@@ -39,7 +39,9 @@ result<std::string> soci_connect_string(std::string_view dsn);
 result<std::int64_t> enqueue(soci::session& session, const new_job& job, const sql_options& options = {});
 
 /// Enqueues many jobs with one statement (arrays, not a per-row loop); ids in input order.
-/// All or nothing: one invalid job rejects the batch before anything is sent.
+/// All or nothing: one invalid job rejects the batch before anything is sent. Inside a
+/// transaction, a batch of at least options.copy_threshold keyless jobs goes through COPY on the
+/// session's libpq connection, as tenure/libpq.hpp's enqueue_batch() describes.
 result<std::vector<std::int64_t>> enqueue_batch(soci::session& session, std::span<const new_job> jobs,
                                                 const sql_options& options = {});
 

@@ -1,13 +1,20 @@
 #pragma once
 /// \file
 /// Where the driver bridges (tenure/soci.hpp, tenure/libpq.hpp, tenure/pqxx.hpp) find tenure's SQL
-/// functions when they enqueue on the caller's connection.
+/// functions when they enqueue on the caller's connection, and when a batch goes through COPY.
+#include <cstddef>
 #include <string>
 
 namespace tenure {
 
 struct sql_options {
   std::string schema = "tenure";  ///< where tenure is installed
+  /// A batch of at least this many jobs, none with a unique key, enqueued inside the caller's
+  /// transaction, goes through COPY into a stage of the session (a temporary table) and one
+  /// move into the job tables, instead of one enqueue_batch statement over arrays: same checks,
+  /// same all-or-nothing, ids in input order. 0: never. A transaction that touched a temporary
+  /// table cannot PREPARE TRANSACTION: set 0 for two-phase commit.
+  std::size_t copy_threshold = 1000;
 };
 
 }  // namespace tenure

@@ -1,5 +1,6 @@
 #include "tenure/libpq.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 
@@ -8,6 +9,7 @@
 #include "tenure/log.hpp"
 
 #include "common/complete_sql.hpp"
+#include "common/copy_enqueue.hpp"
 #include "common/enqueue_sql.hpp"
 #include "tenure/postgres/sql_text.hpp"
 
@@ -47,6 +49,36 @@ bridges::answer run(PGconn* conn, const bridges::enqueue_statement& st) {
                           primary ? primary : PQerrorMessage(conn));
 }
 
+/// Runs a COPY ... FROM STDIN on the caller's connection with `rows` (COPY text format).
+result<void> copy(PGconn* conn, const std::string& sql, const std::string& rows, const bridges::enqueue_statement& st) {
+  const auto before = state_of(conn);
+  TENURE_TRYV(bridges::check_state(st, before));
+  using result_ptr = std::unique_ptr<PGresult, decltype(&PQclear)>;
+  auto fail = [&](PGresult* res) {
+    const char* state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : nullptr;
+    const char* primary = res ? PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : nullptr;
+    return bridges::failure(st, before, PQstatus(conn) != CONNECTION_OK, state ? state : "",
+                            primary ? primary : PQerrorMessage(conn));
+  };
+  {
+    result_ptr res{PQexec(conn, sql.c_str()), &PQclear};
+    if (!res || PQresultStatus(res.get()) != PGRES_COPY_IN) return fail(res.get());
+  }
+  // The rows in pieces of 1 MiB; a blocking connection sends each before taking the next.
+  constexpr std::size_t piece = 1 << 20;
+  bool sent = true;
+  for (std::size_t at = 0; sent && at < rows.size(); at += piece) {
+    const auto n = std::min(piece, rows.size() - at);
+    sent = PQputCopyData(conn, rows.data() + at, static_cast<int>(n)) == 1;
+  }
+  if (PQputCopyEnd(conn, sent ? nullptr : "tenure: the rows could not be sent") != 1) sent = false;
+  // The COPY's own result, then the end of its command (a null result).
+  result_ptr res{PQgetResult(conn), &PQclear};
+  while (PGresult* extra = PQgetResult(conn)) PQclear(extra);
+  if (res && PQresultStatus(res.get()) == PGRES_COMMAND_OK && sent) return success();
+  return fail(res.get());
+}
+
 }  // namespace
 
 result<std::int64_t> enqueue(PGconn* conn, const new_job& job, const sql_options& options) {
@@ -55,7 +87,12 @@ result<std::int64_t> enqueue(PGconn* conn, const new_job& job, const sql_options
 
 result<std::vector<std::int64_t>> enqueue_batch(PGconn* conn, std::span<const new_job> jobs,
                                                 const sql_options& options) {
-  return bridges::enqueue_batch(jobs, options, [conn](const bridges::enqueue_statement& st) { return run(conn, st); });
+  return bridges::enqueue_batch(
+      jobs, options, conn ? state_of(conn) : bridges::tx_state::unknown,
+      [conn](const bridges::enqueue_statement& st) { return run(conn, st); },
+      [conn](const std::string& sql, const std::string& rows, const bridges::enqueue_statement& st) {
+        return copy(conn, sql, rows, st);
+      });
 }
 
 result<enqueue_result> try_enqueue(PGconn* conn, const new_job& job, const sql_options& options) {
@@ -64,8 +101,12 @@ result<enqueue_result> try_enqueue(PGconn* conn, const new_job& job, const sql_o
 
 result<std::vector<enqueue_result>> try_enqueue_batch(PGconn* conn, std::span<const new_job> jobs,
                                                       const sql_options& options) {
-  return bridges::try_enqueue_batch(jobs, options,
-                                    [conn](const bridges::enqueue_statement& st) { return run(conn, st); });
+  return bridges::try_enqueue_batch(
+      jobs, options, conn ? state_of(conn) : bridges::tx_state::unknown,
+      [conn](const bridges::enqueue_statement& st) { return run(conn, st); },
+      [conn](const std::string& sql, const std::string& rows, const bridges::enqueue_statement& st) {
+        return copy(conn, sql, rows, st);
+      });
 }
 
 result<finalization_receipt> complete_in_tx(PGconn* conn, const finalization_token& token,

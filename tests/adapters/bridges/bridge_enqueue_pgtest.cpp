@@ -12,6 +12,7 @@
 
 #include "adapters/bridges/caller_tx.hpp"
 #include "support/pg.hpp"
+#include "tenure/postgres/sql_text.hpp"
 #include "tenure/postgres/store.hpp"
 
 using namespace std::chrono_literals;
@@ -322,6 +323,199 @@ TEST_P(bridge_enqueue, a_producer_waits_for_an_uncommitted_holder_and_inserts_on
       check_.exec("SELECT " + s("cancel_job") + "($1)", {std::to_string(waited.value().id)});
     }
   }
+}
+
+// ---- bulk enqueue over COPY (libpq and SOCI; pqxx stays on arrays) ----------------------------
+
+/// How many times this transaction called each of tenure's enqueue paths (needs
+/// SET LOCAL track_functions = 'pl' first).
+std::string paths_called(caller_tx& tx, const std::string& schema) {
+  return tx.scalar("SELECT 'batch ' || coalesce(pg_stat_get_xact_function_calls('" + schema +
+                   ".enqueue_batch'::regproc), 0) || ', copied ' || coalesce(pg_stat_get_xact_function_calls('" +
+                   schema + ".enqueue_copied'::regproc), 0)");
+}
+
+TEST_P(bridge_enqueue, a_large_batch_inside_a_transaction_goes_through_copy_with_ids_in_input_order) {
+  std::vector<new_job> jobs;
+  for (int i = 0; i < 2'500; ++i) {
+    jobs.push_back({.kind = i % 3 ? "k" : "k\\slash",
+                    .args = {{"i", i}, {"text", "tab\tnew\nline \\ \"quote\" {,} \u00e9\u2713"}},
+                    .queue = i % 2 ? "odd" : "even",
+                    .priority = 1 + i % 4,
+                    .max_attempts = 1 + i % 7});
+  }
+  jobs[7].run_at = tenure::clock_type::now() + 1h;
+  jobs[11].metadata = {{"traceparent", "00-4bf9-01"}, {"tab", "a\tb"}};
+  auto tx = open_tx();
+  tx->begin();
+  tx->exec(insert_order());
+  tx->exec("SET LOCAL track_functions = 'pl'");
+  auto ids = tx->enqueue_batch(jobs, opts_);
+  ASSERT_TRUE(ids) << ids.error().message();
+  ASSERT_EQ(ids.value().size(), jobs.size());
+  EXPECT_EQ(paths_called(*tx, schema_.name()), GetParam() == bridge::pqxx ? "batch 1, copied 0" : "batch 0, copied 1");
+  EXPECT_EQ(count("jobs"), 0) << "invisible before the caller commits";
+  ASSERT_TRUE(tx->commit());
+  EXPECT_EQ(count("jobs"), 2'500);
+  EXPECT_EQ(count("orders"), 1);
+  EXPECT_TRUE(std::is_sorted(ids.value().begin(), ids.value().end()));
+  EXPECT_EQ(std::adjacent_find(ids.value().begin(), ids.value().end()), ids.value().end());
+  for (std::size_t i = 0; i < jobs.size(); i += 97) {
+    const auto row = check_.query("SELECT kind, args::text, queue, priority, max_attempts, metadata::text, state FROM " +
+                                      s("jobs") + " WHERE id = $1",
+                                  {std::to_string(ids.value()[i])});
+    ASSERT_TRUE(row.ok && row.rows.size() == 1) << i;
+    EXPECT_EQ(row.at(0, 0), jobs[i].kind) << i;
+    EXPECT_EQ(nlohmann::json::parse(row.at(0, 1)), jobs[i].args) << i;
+    EXPECT_EQ(row.at(0, 2), jobs[i].queue) << i;
+    EXPECT_EQ(row.at(0, 3), std::to_string(jobs[i].priority)) << i;
+    EXPECT_EQ(row.at(0, 4), std::to_string(jobs[i].max_attempts)) << i;
+    EXPECT_EQ(row.at(0, 6), "available") << i;
+  }
+  EXPECT_EQ(check_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {std::to_string(ids.value()[7])}),
+            "scheduled");
+  EXPECT_EQ(nlohmann::json::parse(check_.scalar("SELECT metadata::text FROM " + s("jobs") + " WHERE id = $1",
+                                                {std::to_string(ids.value()[11])})),
+            jobs[11].metadata);
+}
+
+TEST_P(bridge_enqueue, a_copy_enqueue_rolls_back_with_the_caller_and_two_in_one_transaction_get_their_own_ids) {
+  const std::vector<new_job> jobs(1'000, new_job{.kind = "k"});
+  auto tx = open_tx();
+  tx->begin();
+  tx->exec(insert_order());
+  auto first = tx->enqueue_batch(jobs, opts_);
+  auto second = tx->enqueue_batch(jobs, opts_);
+  ASSERT_TRUE(first && second);
+  ASSERT_EQ(first.value().size(), 1'000u);
+  ASSERT_EQ(second.value().size(), 1'000u);
+  EXPECT_LT(first.value().back(), second.value().front());
+  EXPECT_EQ(tx->scalar("SELECT count(*) FROM " + s("jobs")), "2000") << "both batches, seen by their transaction";
+  tx->rollback();
+  EXPECT_EQ(count("jobs"), 0);
+  EXPECT_EQ(count("orders"), 0);
+  // The stage was emptied with the transaction: the next batch moves only its own jobs.
+  tx->begin();
+  auto third = tx->enqueue_batch(jobs, opts_);
+  ASSERT_TRUE(third) << third.error().message();
+  ASSERT_TRUE(tx->commit());
+  EXPECT_EQ(count("jobs"), 1'000);
+  EXPECT_EQ(claim(2'000).size(), 1'000u);
+}
+
+TEST_P(bridge_enqueue, a_batch_below_the_threshold_with_a_key_or_with_copy_off_goes_over_arrays) {
+  std::vector<new_job> keyed(1'500, new_job{.kind = "k"});
+  keyed[3].unique_key = "only-one";
+  const std::vector<new_job> small(999, new_job{.kind = "k"});
+  const std::vector<new_job> large(1'500, new_job{.kind = "k"});
+  tenure::sql_options off = opts_;
+  off.copy_threshold = 0;
+  auto tx = open_tx();
+  tx->begin();
+  tx->exec("SET LOCAL track_functions = 'pl'");
+  ASSERT_TRUE(tx->enqueue_batch(small, opts_));
+  ASSERT_TRUE(tx->try_enqueue_batch(keyed, opts_));
+  ASSERT_TRUE(tx->enqueue_batch(large, off));
+  EXPECT_EQ(paths_called(*tx, schema_.name()), "batch 3, copied 0");
+  ASSERT_TRUE(tx->commit());
+  EXPECT_EQ(count("jobs"), 999 + 1'500 + 1'500);
+}
+
+TEST_P(bridge_enqueue, a_large_batch_outside_a_transaction_commits_on_its_own_over_arrays) {
+  const std::vector<new_job> jobs(1'500, new_job{.kind = "k"});
+  auto tx = open_tx();
+  tx->begin_autocommit();
+  auto ids = tx->enqueue_batch(jobs, opts_);
+  ASSERT_TRUE(ids) << ids.error().message();
+  EXPECT_EQ(count("jobs"), 1'500) << "visible at once: no transaction held it";
+}
+
+TEST_P(bridge_enqueue, a_job_the_copy_stage_refuses_aborts_the_callers_transaction_with_the_rule_it_broke) {
+  std::vector<new_job> jobs(1'200, new_job{.kind = "k"});
+  jobs[600].metadata = metadata_only_the_server_measures_over_the_limit();
+  auto tx = open_tx();
+  tx->begin();
+  tx->exec(insert_order());
+  auto r = tx->enqueue_batch(jobs, opts_);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), errc::invalid_argument) << r.error().message();
+  if (GetParam() == bridge::pqxx) {
+    EXPECT_EQ(r.error().sqlstate(), "22023");
+  } else {
+    EXPECT_EQ(r.error().sqlstate(), "23514") << "a CHECK of the stage";
+    EXPECT_NE(r.error().detail().find("metadata must be a JSON object of at most 8192 bytes"), std::string::npos)
+        << r.error().detail();
+  }
+  EXPECT_TRUE(r.error().detail().ends_with("(the caller's transaction is aborted: roll it back)")) << r.error().detail();
+  EXPECT_FALSE(tx->commit());
+  EXPECT_EQ(count("jobs"), 0);
+  EXPECT_EQ(count("orders"), 0);
+}
+
+TEST_P(bridge_enqueue, a_connection_lost_before_a_copy_enqueue_is_unavailable_and_writes_nothing) {
+  const std::vector<new_job> jobs(1'500, new_job{.kind = "k"});
+  auto tx = open_tx();
+  tx->begin();
+  tx->exec(insert_order());
+  auto r = after_the_backend_is_terminated(*tx, [&] { return tx->enqueue_batch(jobs, opts_); });
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), errc::database_unavailable) << r.error().message();
+  EXPECT_EQ(count("jobs"), 0);
+  EXPECT_EQ(count("orders"), 0);
+}
+
+TEST_P(bridge_enqueue, a_copy_enqueue_wakes_an_idle_worker_of_each_queue_with_a_job_ready_now) {
+  pg listener{schema_.dsn()};
+  listener.exec("LISTEN " + schema_.name() + "_wake");
+  check_.exec("SELECT " + s("worker_idle") + "('now', 'w1')");
+  check_.exec("SELECT " + s("worker_idle") + "('later', 'w2')");
+  std::vector<new_job> jobs(1'500, new_job{.kind = "k", .queue = "now"});
+  jobs.push_back({.kind = "k", .queue = "later", .run_at = tenure::clock_type::now() + 1h});
+  auto tx = open_tx();
+  tx->begin();
+  ASSERT_TRUE(tx->enqueue_batch(jobs, opts_));
+  ASSERT_TRUE(tx->commit());
+  listener.query("SELECT 1");
+  std::vector<std::string> woken;
+  while (PGnotify* n = PQnotifies(listener.native())) {
+    woken.emplace_back(n->extra);
+    PQfreemem(n);
+  }
+  ASSERT_TRUE(std::find(woken.begin(), woken.end(), "now") != woken.end());
+  if (GetParam() != bridge::pqxx) {
+    // enqueue_batch (pqxx) wakes every queue of its batch; the COPY path only those with a job to run.
+    EXPECT_EQ(woken, std::vector<std::string>{"now"}) << "the scheduled job's queue has nothing to run yet";
+  }
+}
+
+TEST_P(bridge_enqueue, through_transaction_pooling_each_copy_enqueue_finds_its_stage_in_its_own_transaction) {
+  // PgBouncer in transaction mode: a transaction may land on a server session that has never
+  // seen the stage, or on one that made it for another client.
+  const std::string pooled = tenure::test::pooler_dsn();
+  std::vector<std::unique_ptr<caller_tx>> clients;
+  for (int i = 0; i < 3; ++i) clients.push_back(open_caller_tx(GetParam(), pooled, false));
+  std::vector<std::int64_t> all;
+  for (int round = 0; round < 9; ++round) {
+    caller_tx& tx = *clients[static_cast<std::size_t>(round) % clients.size()];
+    const std::vector<new_job> jobs(1'000 + round, new_job{.kind = "k", .args = {{"round", round}}});
+    tx.begin();
+    tx.exec(insert_order());
+    auto ids = tx.enqueue_batch(jobs, opts_);
+    ASSERT_TRUE(ids) << "round " << round << ": " << ids.error().message();
+    ASSERT_EQ(ids.value().size(), jobs.size());
+    if (round % 3 == 2) {
+      tx.rollback();
+      continue;
+    }
+    ASSERT_TRUE(tx.commit());
+    EXPECT_EQ(check_.scalar("SELECT count(*) FROM " + s("jobs") + " WHERE args->>'round' = $1 AND id = ANY($2::bigint[])",
+                            {std::to_string(round), tenure::postgres::int_array(ids.value())}),
+              std::to_string(jobs.size()))
+        << "round " << round;
+    all.insert(all.end(), ids.value().begin(), ids.value().end());
+  }
+  EXPECT_EQ(count("jobs"), static_cast<long>(all.size()));
+  EXPECT_EQ(count("orders"), 6);
 }
 
 INSTANTIATE_TEST_SUITE_P(bridges, bridge_enqueue, ::testing::Values(bridge::libpq, bridge::soci, bridge::pqxx),

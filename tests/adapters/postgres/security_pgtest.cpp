@@ -183,6 +183,70 @@ TEST_F(security, producer_can_enqueue_but_not_claim_or_read) {
   EXPECT_EQ(admin_.scalar("SELECT count(*) FROM " + s("jobs")), "2");
 }
 
+TEST_F(security, producer_enqueues_over_copy_holding_only_insert_on_a_stage_tenure_owns) {
+  grant(tenure::postgres::grant_kind::producer);
+  pg as_role{tenure::test::dsn_with_user(schema_.dsn(), role_)};
+  as_role.exec("BEGIN");
+  const std::string stage = as_role.scalar("SELECT " + s("enqueue_copy_stage") + "()");
+  EXPECT_TRUE(std::regex_match(stage, std::regex{"pg_temp\\.tenure_enqueue_[0-9]+"})) << stage;
+  EXPECT_EQ(as_role.scalar("SELECT r.rolname FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner WHERE c.oid = $1::regclass",
+                           {stage}),
+            admin_.scalar("SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = $1", {schema_.name()}))
+      << "the stage belongs to the schema's owner, not to the caller";
+  // Everything but INSERT is refused, each in a savepoint of its own.
+  for (const std::string& sql : {"SELECT * FROM " + stage, "DELETE FROM " + stage, "TRUNCATE " + stage,
+                                 "DROP TABLE " + stage, "ALTER TABLE " + stage + " DROP CONSTRAINT \"priority must be 1..4\"",
+                                 "CREATE TRIGGER t BEFORE INSERT ON " + stage +
+                                     " FOR EACH ROW EXECUTE FUNCTION suppress_redundant_updates_trigger()"}) {
+    as_role.exec("SAVEPOINT probe");
+    const auto r = as_role.query(sql);
+    EXPECT_FALSE(r.ok) << sql;
+    EXPECT_EQ(r.sqlstate, "42501") << sql << ": " << r.error;
+    as_role.exec("ROLLBACK TO SAVEPOINT probe");
+  }
+  // Rows the checks refuse never get in.
+  for (const std::string& row : {"(1, '', '{}', 'q', 2, NULL, 25, '{}')", "(1, 'k', '[1]', 'q', 2, NULL, 25, '{}')",
+                                 "(1, 'k', '{}', E'q\\n', 2, NULL, 25, '{}')", "(1, 'k', '{}', 'q', 9, NULL, 25, '{}')",
+                                 "(1, 'k', '{}', 'q', 2, 'infinity', 25, '{}')", "(1, 'k', '{}', 'q', 2, NULL, 0, '{}')"}) {
+    as_role.exec("SAVEPOINT probe");
+    EXPECT_EQ(as_role.query("INSERT INTO " + stage + " VALUES " + row).sqlstate, "23514") << row;
+    as_role.exec("ROLLBACK TO SAVEPOINT probe");
+  }
+  as_role.exec("INSERT INTO " + stage + " VALUES (2, 'b', '{}', 'q', 2, NULL, 25, '{}'), (1, 'a', '{}', 'q', 2, NULL, 25, '{}')");
+  const std::string ids = as_role.scalar("SELECT " + s("enqueue_copied") + "()");
+  as_role.exec("COMMIT");
+  EXPECT_EQ(admin_.scalar("SELECT string_agg(kind, ',' ORDER BY id) FROM " + s("jobs") + " WHERE id = ANY($1::bigint[])",
+                          {ids}),
+            "a,b")
+      << "ids in ord order: " << ids;
+  EXPECT_EQ(as_role.query("SELECT * FROM " + s("ready")).sqlstate, "42501");
+}
+
+TEST_F(security, a_stage_the_caller_made_before_tenure_did_is_refused) {
+  grant(tenure::postgres::grant_kind::producer);
+  const std::string name =
+      "tenure_enqueue_" + admin_.scalar("SELECT oid FROM pg_namespace WHERE nspname = $1", {schema_.name()});
+  pg as_role{tenure::test::dsn_with_user(schema_.dsn(), role_)};
+  // The caller's own table of that name, without the checks, rows already in it.
+  as_role.exec("CREATE TEMP TABLE " + name +
+               " (ord int, kind text, args jsonb, queue text, priority int, run_at timestamptz, max_attempts int, "
+               "metadata jsonb)");
+  as_role.exec("INSERT INTO pg_temp." + name + " VALUES (1, E'evil\\n', '[]', '', 99, NULL, -1, '[]')");
+  const auto staged = as_role.query("SELECT " + s("enqueue_copy_stage") + "()");
+  EXPECT_EQ(staged.sqlstate, "42501") << staged.error;
+  EXPECT_NE(staged.error.find("is not the stage tenure made"), std::string::npos) << staged.error;
+  const auto moved = as_role.query("SELECT " + s("enqueue_copied") + "()");
+  EXPECT_EQ(moved.sqlstate, "42501") << moved.error;
+  EXPECT_EQ(admin_.scalar("SELECT count(*) FROM " + s("jobs")), "0");
+}
+
+TEST_F(security, a_role_without_the_producer_grant_cannot_stage_or_move_jobs) {
+  grant(tenure::postgres::grant_kind::worker);
+  pg as_role{tenure::test::dsn_with_user(schema_.dsn(), role_)};
+  EXPECT_EQ(as_role.query("SELECT " + s("enqueue_copy_stage") + "()").sqlstate, "42501");
+  EXPECT_EQ(as_role.query("SELECT " + s("enqueue_copied") + "()").sqlstate, "42501");
+}
+
 TEST_F(security, worker_can_drive_the_attempt_protocol_but_not_touch_tables) {
   grant(tenure::postgres::grant_kind::worker);
   admin_.exec("SELECT " + s("enqueue") + "('k')");

@@ -195,6 +195,37 @@ TEST(schema_upgrade, producers_keep_their_grants_on_the_keyed_enqueue_functions_
             id + ":false");
 }
 
+TEST(schema_upgrade, producers_of_an_older_schema_get_the_copy_enqueue_path_with_it) {
+  int copy_version = 0;
+  for (const auto& m : tenure::postgres::detail::embedded_migrations()) {
+    if (std::string_view{m.name}.ends_with("_copy_enqueue")) copy_version = m.version;
+  }
+  ASSERT_GE(copy_version, 2);
+  const std::string dsn = tenure::test::test_dsn();
+  const std::string schema = "upgcopy_" + tenure::test::random_suffix();
+  const std::string role = schema + "_app";
+  const cleanup drop{dsn, schema, role};
+  pg db{dsn};
+  ASSERT_TRUE(tenure::postgres::detail::migrate_up_to(dsn, schema, copy_version - 1));
+  db.exec("CREATE ROLE " + role);
+  // What `tenure grant-producer` of the older version gave (its enqueue_batch among them).
+  db.exec("GRANT USAGE ON SCHEMA " + schema + " TO " + role);
+  db.exec("GRANT EXECUTE ON FUNCTION " + schema +
+          ".enqueue_batch(text[], jsonb[], text[], int[], timestamptz[], int[], jsonb[], text[]) TO " + role);
+  EXPECT_EQ(db.query("SELECT " + schema + ".enqueue_copy_stage()").sqlstate, "42883") << "not there yet";
+  auto upgraded = tenure::postgres::migrate(dsn, schema);
+  ASSERT_TRUE(upgraded) << upgraded.error().message();
+
+  pg as_role{dsn};
+  as_role.exec("SET ROLE " + role);
+  as_role.exec("BEGIN");
+  const std::string stage = as_role.scalar("SELECT " + schema + ".enqueue_copy_stage()");
+  as_role.exec("INSERT INTO " + stage + " VALUES (1, 'k', '{}', 'q', 2, NULL, 25, '{}')");
+  const std::string ids = as_role.scalar("SELECT " + schema + ".enqueue_copied()");
+  as_role.exec("COMMIT");
+  EXPECT_EQ(db.scalar("SELECT count(*) FROM " + schema + ".jobs WHERE id = ANY($1::bigint[])", {ids}), "1") << ids;
+}
+
 // ---- where a fresh install may go --------------------------------------------------------------
 
 // An application's schema: a table and a function every role may call, as PostgreSQL grants it.

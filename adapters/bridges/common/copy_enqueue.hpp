@@ -1,0 +1,131 @@
+#pragma once
+/// \file
+/// Private to the bridges: bulk enqueue over COPY on the caller's connection (schema migration
+/// 22). Three steps inside the caller's transaction: `<schema>.enqueue_copy_stage()` names the
+/// session's stage (a temporary table tenure owns, with enqueue_batch's checks as constraints),
+/// the jobs go into it with one COPY, and `<schema>.enqueue_copied()` moves them into the job
+/// tables and answers their ids in input order. A bridge supplies what enqueue_sql.hpp asks of it
+/// (running one statement) and one more function that runs a COPY with the rows this file writes.
+#include <cstddef>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "common/enqueue_sql.hpp"
+
+namespace tenure::bridges {
+
+/// Whether a batch goes through COPY: keyless jobs (keys need enqueue_batch's per-key locking), at
+/// least options.copy_threshold of them (0: never), inside the caller's transaction (outside one,
+/// the COPY's own commit would empty the stage before the move).
+inline bool use_copy(std::span<const new_job> jobs, const sql_options& options, tx_state state) {
+  if (options.copy_threshold == 0 || jobs.size() < options.copy_threshold || state != tx_state::in_transaction) {
+    return false;
+  }
+  for (const auto& j : jobs) {
+    if (j.unique_key) return false;
+  }
+  return true;
+}
+
+namespace detail {
+
+/// `v` as one field of COPY's text format: backslash, tab, newline and carriage return escaped.
+inline void append_copy_field(std::string& out, std::string_view v) {
+  for (char c : v) {
+    switch (c) {
+      case '\\': out += "\\\\"; break;
+      case '\t': out += "\\t"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      default: out += c;
+    }
+  }
+}
+
+}  // namespace detail
+
+/// The steps of one COPY enqueue.
+struct copy_enqueue {
+  enqueue_statement stage;  ///< answers the stage's name
+  std::string rows;         ///< the jobs in COPY text format, one line each, `ord` 1..n
+  enqueue_statement move;   ///< answers the ids in input order
+};
+
+/// The steps for `jobs`; errc::invalid_argument (validate()'s detail, or the schema name) before
+/// anything is sent, as enqueue_batch_statement_for.
+inline result<copy_enqueue> copy_enqueue_for(std::span<const new_job> jobs, const sql_options& options) {
+  TENURE_TRYV(detail::check_schema(options));
+  copy_enqueue out{
+      .stage = {.name = "enqueue_copy_stage", .sql = "SELECT " + options.schema + ".enqueue_copy_stage()", .jobs = 0},
+      .rows = {},
+      .move = {.name = "enqueue_copied", .sql = "SELECT " + options.schema + ".enqueue_copied()", .jobs = jobs.size()}};
+  out.rows.reserve(jobs.size() * 48);
+  std::size_t ord = 0;
+  for (const auto& j : jobs) {
+    TENURE_TRYV(validate(j));
+    const auto args = detail::json_text(j.args);
+    const auto metadata = detail::json_text(j.metadata);
+    if (!args || !metadata) return error{errc::invalid_argument, "args or metadata cannot be written as JSON text"};
+    out.rows += std::to_string(++ord);
+    out.rows += '\t';
+    detail::append_copy_field(out.rows, j.kind);
+    out.rows += '\t';
+    detail::append_copy_field(out.rows, *args);
+    out.rows += '\t';
+    detail::append_copy_field(out.rows, j.queue);
+    out.rows += '\t';
+    out.rows += std::to_string(j.priority);
+    out.rows += '\t';
+    out.rows += j.run_at ? postgres::timestamp_text(*j.run_at) : std::string{"\\N"};
+    out.rows += '\t';
+    out.rows += std::to_string(j.max_attempts);
+    out.rows += '\t';
+    detail::append_copy_field(out.rows, *metadata);
+    out.rows += '\n';
+  }
+  return out;
+}
+
+/// The COPY statement for the stage enqueue_copy_stage() named; errc::protocol_error for a name
+/// that is not the one migration 22 makes (`pg_temp.tenure_enqueue_<digits>`), which is never
+/// pasted into SQL.
+inline result<std::string> copy_sql_for(const std::optional<std::string>& stage) {
+  constexpr std::string_view prefix = "pg_temp.tenure_enqueue_";
+  if (!stage || !stage->starts_with(prefix) || stage->size() == prefix.size() ||
+      stage->find_first_not_of("0123456789", prefix.size()) != std::string::npos) {
+    tenure::logger()->error("tenure: enqueue_copy_stage answered an unexpected stage name");
+    return errc::protocol_error;
+  }
+  return "COPY " + *stage + " (ord, kind, args, queue, priority, run_at, max_attempts, metadata) FROM STDIN";
+}
+
+/// try_enqueue_batch for a bridge that can COPY: through COPY when use_copy() says so, else one
+/// enqueue_batch statement. `run(const enqueue_statement&) -> answer` as in enqueue_sql.hpp;
+/// `copy(const std::string& sql, const std::string& rows, const enqueue_statement& step) ->
+/// result<void>` runs the COPY, its failures made by failure() for `step`.
+template <class Run, class Copy>
+result<std::vector<enqueue_result>> try_enqueue_batch(std::span<const new_job> jobs, const sql_options& options,
+                                                      tx_state state, Run&& run, Copy&& copy) {
+  if (!use_copy(jobs, options, state)) return try_enqueue_batch(jobs, options, std::forward<Run>(run));
+  TENURE_TRY(auto steps, copy_enqueue_for(jobs, options));
+  TENURE_TRY(auto stage, run(steps.stage));
+  TENURE_TRY(auto sql, copy_sql_for(stage));
+  const enqueue_statement copy_step{.name = "enqueue COPY", .sql = sql, .jobs = jobs.size()};
+  TENURE_TRYV(copy(copy_step.sql, steps.rows, copy_step));
+  TENURE_TRY(auto ids, run(steps.move));
+  return results_from(steps.move, ids);
+}
+
+/// enqueue_batch for a bridge that can COPY.
+template <class Run, class Copy>
+result<std::vector<std::int64_t>> enqueue_batch(std::span<const new_job> jobs, const sql_options& options,
+                                                tx_state state, Run&& run, Copy&& copy) {
+  TENURE_TRY(auto out, try_enqueue_batch(jobs, options, state, std::forward<Run>(run), std::forward<Copy>(copy)));
+  std::vector<std::int64_t> ids;
+  ids.reserve(out.size());
+  for (const auto& r : out) ids.push_back(r.id);
+  return ids;
+}
+
+}  // namespace tenure::bridges
