@@ -226,6 +226,44 @@ class SqlContract(unittest.TestCase):
                                        (self.queue,)).fetchone()["n"]
         self.assertEqual(kinds_now, 3, "the refused batch added nothing")
 
+    def test_copy_enqueue_moves_a_checked_stage_into_jobs_with_ids_in_ord_order_inside_the_transaction(self):
+        with self.producer.transaction():
+            self.producer.execute(self.q("INSERT INTO {app}.orders (ref) VALUES ('A-9')"))
+            stage = self.producer.execute(self.q("SELECT {t}.enqueue_copy_stage() AS s")).fetchone()["s"]
+            self.assertRegex(stage, r"^pg_temp\.tenure_enqueue_[0-9]+$")
+            copy_sql = f"COPY {stage} (ord, kind, args, queue, priority, run_at, max_attempts, metadata) FROM STDIN"
+            with self.producer.cursor().copy(copy_sql) as copy:
+                for i in range(1, 1001):
+                    copy.write_row((i, "bulk", f'{{"n": {i}}}', self.queue, 2, None, 25, '{"tenant": "t1"}'))
+            ids = self.producer.execute(self.q("SELECT {t}.enqueue_copied() AS ids")).fetchone()["ids"]
+            ids = [int(x) for x in ids.strip("{}").split(",")]
+            self.assertEqual(len(ids), 1000)
+            self.assertIsNone(self.job(ids[0]), "an uncommitted job is invisible")
+        self.assertEqual(self.orders("A-9"), 1)
+        for i in (0, 499, 999):
+            job = self.job(ids[i])
+            self.assertEqual((job["kind"], job["args"], job["metadata"], job["state"]),
+                             ("bulk", {"n": i + 1}, {"tenant": "t1"}, "available"))
+
+        # A row the stage refuses aborts the transaction: nothing of it stays.
+        with self.assertRaises(psycopg.errors.CheckViolation) as refused:
+            with self.producer.transaction():
+                stage = self.producer.execute(self.q("SELECT {t}.enqueue_copy_stage() AS s")).fetchone()["s"]
+                with self.producer.cursor().copy(f"COPY {stage} (ord, kind, args, queue, priority, run_at, "
+                                                 "max_attempts, metadata) FROM STDIN") as copy:
+                    copy.write_row((1, "ok", "{}", self.queue, 2, None, 25, "{}"))
+                    copy.write_row((2, "bad", "[1]", self.queue, 2, None, 25, "{}"))
+        self.assertIn("args must be a JSON object", str(refused.exception))
+        n = self.admin.execute(self.q("SELECT count(*) AS n FROM {t}.jobs WHERE queue = %s"), (self.queue,)).fetchone()["n"]
+        self.assertEqual(n, 1000)
+
+        # Outside a transaction the COPY commits on its own and empties the stage: nothing to move.
+        self.producer.execute(self.q("SELECT {t}.enqueue_copy_stage()"))
+        with self.producer.cursor().copy(f"COPY {stage} (ord, kind, args, queue, priority, run_at, max_attempts, "
+                                         "metadata) FROM STDIN") as copy:
+            copy.write_row((1, "lost", "{}", self.queue, 2, None, 25, "{}"))
+        self.assertIsNone(self.producer.execute(self.q("SELECT {t}.enqueue_copied() AS ids")).fetchone()["ids"])
+
     def test_two_transactions_enqueueing_one_unique_key_make_one_job_and_a_new_one_after_completion(self):
         first = self.install.connect("producer", autocommit=False)
         second = self.install.connect("producer", autocommit=False)

@@ -1293,6 +1293,29 @@ TEST_F(cli_pg, bench_runtime_drains_every_job_with_batched_commits) {
   EXPECT_FALSE(schema_exists(in_own, j)) << "the bench schema is dropped after the run";
 }
 
+TEST_F(cli_pg, bench_runtime_times_the_callers_array_and_copy_enqueue_side_by_side) {
+  own_database own{*db_, dsn_};
+  pg in_own{own.dsn()};
+  // Counted by the server: every call of the two paths' functions in this database.
+  in_own.exec("ALTER DATABASE " + own.dsn().substr(own.dsn().rfind('/') + 1) + " SET track_functions = 'pl'");
+  const auto j = run_bench(own.dsn(), {"--mode", "runtime", "--jobs", "300", "--pickup-samples", "3",
+                                       "--enqueue-batch", "1000", "--keep-schema"});
+  EXPECT_EQ(j.at("enqueue_batch"), 1000);
+  EXPECT_GT(j.at("enqueue_copy_jobs_per_s").get<double>(), 0) << j;
+  EXPECT_GT(j.at("enqueue_array_jobs_per_s_beside_copy").get<double>(), 0) << j;
+  EXPECT_NEAR(j.at("enqueue_copy_vs_array").get<double>(),
+              j.at("enqueue_copy_jobs_per_s").get<double>() / j.at("enqueue_array_jobs_per_s_beside_copy").get<double>(),
+              0.01);
+  const std::string schema = j.at("schema");
+  // 20,000 jobs through each path after one uncounted batch of each, left in a queue nobody serves.
+  EXPECT_EQ(in_own.exec("SELECT count(*) FROM " + schema + ".ready WHERE queue = 'bench_enqueue'"), "42000");
+  in_own.exec("SELECT pg_stat_clear_snapshot()");
+  EXPECT_EQ(in_own.exec("SELECT string_agg(funcname || ' ' || calls, ', ' ORDER BY funcname) FROM pg_stat_user_functions "
+                        "WHERE schemaname = '" + schema + "' AND funcname IN ('enqueue_batch', 'enqueue_copied')"),
+            "enqueue_batch 22, enqueue_copied 21")
+      << "arrays and COPY took turns, each batch in its own path (and one batch enqueued the drain's 300 jobs)";
+}
+
 TEST_F(cli_pg, bench_runtime_splits_the_drain_wal_between_claims_completions_and_the_rest) {
   own_database own{*db_, dsn_};
   pg in_own{own.dsn()};

@@ -17,6 +17,8 @@ struct options {
   /// enqueue-single: jobs per second all producers together aim at; 0 = each runs flat out.
   double rate = 0;
   int pickup_samples = 200;      ///< runtime: low-load pickup latency samples
+  /// runtime: jobs per transaction when the caller's bulk paths (arrays, COPY) are timed side by side.
+  int enqueue_batch = 5'000;
   /// runtime: jobs enqueued first into another queue that the runtime does not serve; they wait
   /// through the drain and the pickups (a drain beside a large backlog).
   long waiting = 0;

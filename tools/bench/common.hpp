@@ -26,6 +26,7 @@ using cli::pg_session;
 
 inline constexpr const char* k_queue = "bench";
 inline constexpr const char* k_waiting_queue = "bench_waiting";  ///< runtime --waiting: never served
+inline constexpr const char* k_enqueue_queue = "bench_enqueue";  ///< runtime: the enqueue paths' jobs, never served
 
 double seconds_since(clock::time_point t0);
 /// This process's peak resident set (VmHWM), in MB.
@@ -52,6 +53,15 @@ std::shared_ptr<postgres::store> open_store(const std::string& dsn, const std::s
 /// jobs per second.
 double enqueue_batches(const std::string& dsn, const std::string& schema, int n, const std::string& kind = "noop",
                        const nlohmann::json& metadata = nlohmann::json::object(), const std::string& queue = k_queue);
+/// Both bulk paths of the caller's connection (tenure/libpq.hpp's enqueue_batch over arrays, and
+/// over COPY), `batch` jobs per transaction, batches alternating until each path enqueued `n`
+/// jobs (after one uncounted batch each); each path's jobs per second. The jobs go to `queue` and stay there.
+struct enqueue_path_rates {
+  double array_jobs_per_s = 0;
+  double copy_jobs_per_s = 0;
+};
+enqueue_path_rates enqueue_paths(const std::string& dsn, const std::string& schema, int n, int batch,
+                                 const std::string& queue);
 /// The runtime settings of every drain: one queue, large batches, short flush delay.
 runtime_config drain_config(const options& o);
 std::unique_ptr<runtime> make_runtime(const std::string& dsn, const std::string& schema, runtime_config cfg);

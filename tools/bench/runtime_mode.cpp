@@ -2,6 +2,7 @@
 #include "bench/common.hpp"
 #include "bench/modes.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -67,11 +68,21 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
   if (!idle_rt->start()) throw std::runtime_error("bench: runtime did not start");
   auto lat = pickup_latencies(o.dsn, schema, last_start_ns, last_job, o.pickup_samples);
   idle_rt->stop();
+  idle_rt.reset();
+
+  // The caller's bulk paths side by side, into a queue nobody serves: arrays and COPY, taking turns
+  // (--enqueue-batch jobs per transaction, at least four batches each).
+  const auto paths = enqueue_paths(o.dsn, schema, std::max(std::clamp(o.jobs, 20'000, 100'000), 4 * o.enqueue_batch),
+                                   o.enqueue_batch, k_enqueue_queue);
 
   return {{"scenario", "runtime"},
           {"jobs", o.jobs},
           {"waiting_jobs", o.waiting},
           {"enqueue_jobs_per_s", std::round(enqueue_rate)},
+          {"enqueue_copy_jobs_per_s", std::round(paths.copy_jobs_per_s)},
+          {"enqueue_array_jobs_per_s_beside_copy", std::round(paths.array_jobs_per_s)},
+          {"enqueue_copy_vs_array", rounded(paths.copy_jobs_per_s / paths.array_jobs_per_s, 2)},
+          {"enqueue_batch", o.enqueue_batch},
           {"drain_jobs_per_s", std::round(o.jobs / drain_s)},
           {"pickup_p50_ms", percentile(lat, 0.50)},
           {"pickup_p95_ms", percentile(lat, 0.95)},

@@ -61,6 +61,10 @@ void register_bench(CLI::App& app, context& ctx) {
   cmd->add_option("--pickup-samples", opts->pickup_samples, "runtime: low-load pickup samples")
       ->check([](const std::string& t) { return check_integer(t, 1, 100'000); }, "1..100000")
       ->capture_default_str();
+  cmd->add_option("--enqueue-batch", opts->enqueue_batch,
+                  "runtime: jobs per transaction of the caller's bulk enqueue paths (arrays and COPY), timed side by side")
+      ->check([](const std::string& t) { return check_integer(t, 1, 1'000'000); }, "1..1000000")
+      ->capture_default_str();
   cmd->add_option("--waiting", opts->waiting,
                   "runtime: jobs enqueued first into another queue, left waiting through the drain and the pickups")
       ->check([](const std::string& t) { return check_integer(t, 0, 100'000'000); }, "0..100000000")

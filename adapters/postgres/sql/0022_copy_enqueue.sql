@@ -14,9 +14,13 @@
 -- change the stage's checks (enqueue_batch's checks of each job, as CHECK constraints) nor read
 -- what others staged (a temporary table belongs to one session). A stage of that name that the
 -- schema's owner did not create is refused (42501): a caller cannot slip in an unchecked one.
--- enqueue_copied moves every staged row of the transaction (numbered in `ord` order, ids from the
--- job sequence in that order) into `ready` or, with a future run_at, `deferred`, wakes the idle
--- workers of their queues as enqueue_batch does, and answers the ids in `ord` order.
+-- enqueue_copied moves the staged rows into `ready` or, with a future run_at, `deferred`, with ids
+-- from the job sequence taken in the stage's physical order (a fresh temporary table filled by
+-- one COPY: input order, so ids rise with `ord`; no sort of whole rows, which would spill to disk
+-- past work_mem), wakes the idle workers of the queues
+-- that got a job to run now, and answers the ids in `ord` order. The moved rows stay in the stage
+-- until the commit empties it (a delete would cost more than the move saves); the next
+-- enqueue_copy_stage of the same transaction empties it first.
 -- A COPY outside a transaction block would commit, and its commit empty the stage, before
 -- enqueue_copied runs: enqueue_copied answers NULL when nothing is staged. Unique keys stay with
 -- enqueue_batch. Both functions go to the roles that may run enqueue_batch.
@@ -28,6 +32,7 @@ DECLARE
   rel    regclass := to_regclass('pg_temp.' || stage);
   caller text := CASE WHEN current_setting('role') = 'none' THEN session_user
                       ELSE current_setting('role') END;
+  staged boolean;
 BEGIN
   IF rel IS NULL THEN
     EXECUTE format($stage$
@@ -62,16 +67,21 @@ BEGIN
   IF NOT has_table_privilege(caller, rel, 'INSERT') THEN
     EXECUTE format('GRANT INSERT ON TABLE pg_temp.%I TO %I', stage, caller);
   END IF;
+  -- Rows an earlier batch of this transaction staged were moved by then: start empty.
+  EXECUTE format('SELECT EXISTS (SELECT FROM pg_temp.%I)', stage) INTO staged;
+  IF staged THEN
+    EXECUTE format('TRUNCATE pg_temp.%I', stage);
+  END IF;
   RETURN 'pg_temp.' || stage;
 END $$;
 
 CREATE FUNCTION @schema@.enqueue_copied() RETURNS text
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET synchronize_seqscans = off AS $$
 DECLARE
   stage  text := 'tenure_enqueue_' || '@schema@'::regnamespace::oid;
   rel    regclass := to_regclass('pg_temp.' || stage);
   ids    text;
-  queues text[];
+  q      text;
 BEGIN
   IF rel IS NULL THEN
     RETURN NULL;
@@ -83,10 +93,8 @@ BEGIN
       USING ERRCODE = '42501';
   END IF;
   EXECUTE format($move$
-    WITH staged AS MATERIALIZED (
-      DELETE FROM pg_temp.%I RETURNING *
-    ), numbered AS MATERIALIZED (
-      SELECT nextval('@schema@.job_id_seq') AS id, s.* FROM (SELECT * FROM staged ORDER BY ord) s
+    WITH numbered AS MATERIALIZED (
+      SELECT nextval('@schema@.job_id_seq') AS id, s.* FROM pg_temp.%I s
     ), to_ready AS (
       INSERT INTO @schema@.ready (id, queue, kind, args, priority, attempt, max_attempts, run_lease,
                                   run_at, created_at, metadata)
@@ -99,13 +107,17 @@ BEGIN
              'scheduled', i.metadata
         FROM numbered i WHERE i.run_at > now()
     )
-    SELECT array_agg(id ORDER BY ord)::text,
-           array_agg(DISTINCT queue) FILTER (WHERE run_at IS NULL OR run_at <= now())
-      FROM numbered $move$, stage) INTO ids, queues;
-  -- Wake-up: one NOTIFY per queue with a job ready now and an idle worker.
-  PERFORM pg_notify(@wake_channel@, q)
-     FROM unnest(queues) AS q
-    WHERE EXISTS (SELECT 1 FROM @schema@.waiters x WHERE x.queue = q);
+    SELECT array_agg(id ORDER BY ord)::text FROM numbered $move$, stage) INTO ids;
+  -- Wake-up: one NOTIFY per queue with a job ready now and an idle worker (the stage is read
+  -- again only while some worker is idle).
+  IF EXISTS (SELECT FROM @schema@.waiters) THEN
+    FOR q IN EXECUTE format('SELECT DISTINCT queue FROM pg_temp.%I WHERE run_at IS NULL OR run_at <= now()', stage)
+    LOOP
+      IF EXISTS (SELECT FROM @schema@.waiters x WHERE x.queue = q) THEN
+        PERFORM pg_notify(@wake_channel@, q);
+      END IF;
+    END LOOP;
+  END IF;
   RETURN ids;
 END $$;
 
