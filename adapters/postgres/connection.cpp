@@ -1,5 +1,6 @@
 #include "connection.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
@@ -195,6 +196,34 @@ result<rows> connection::exec(const statement& st, const std::vector<param>& par
   PGresult* r = PQexecPrepared(conn_, st.name, static_cast<int>(values.size()), values.data(),
                                nullptr, nullptr, 0);
   return check(r, st.name, e);
+}
+
+result<void> connection::copy_in(const std::string& copy_sql, std::string_view data, effect e) {
+  if (!ok()) return errc::database_unavailable;
+  PGresult* started = PQexec(conn_, copy_sql.c_str());
+  if (PQresultStatus(started) != PGRES_COPY_IN) {
+    auto r = check(started, "enqueue COPY", e);
+    if (!r) return r.error();
+    return errc::protocol_error;  // a COPY that answered like another statement
+  }
+  PQclear(started);
+  // In pieces of 1 MiB; a blocking connection sends each before taking the next.
+  constexpr std::size_t piece = 1 << 20;
+  bool sent = true;
+  for (std::size_t at = 0; sent && at < data.size(); at += piece) {
+    const auto n = std::min(piece, data.size() - at);
+    sent = PQputCopyData(conn_, data.data() + at, static_cast<int>(n)) == 1;
+  }
+  if (PQputCopyEnd(conn_, sent ? nullptr : "tenure: the rows could not be sent") != 1) sent = false;
+  PGresult* ended = PQgetResult(conn_);
+  while (PGresult* extra = PQgetResult(conn_)) PQclear(extra);
+  if (sent && PQresultStatus(ended) == PGRES_COMMAND_OK) {
+    PQclear(ended);
+    return success();
+  }
+  auto r = check(ended, "enqueue COPY", e);
+  if (!r) return r.error();
+  return error{errc::database_unavailable, "the COPY's rows could not be sent"};
 }
 
 result<rows> connection::exec_unnamed(const statement& st, const std::vector<const char*>& values, effect e) {

@@ -94,6 +94,8 @@ class connection {
   result<rows> exec(const statement& st, const std::vector<param>& params, effect e);
   /// Runs SQL text without parameters (may hold several statements). For migrations and DDL.
   result<rows> exec_script(const std::string& sql, effect e);
+  /// Runs `copy_sql` (a COPY ... FROM STDIN) with `data` in COPY's text format.
+  result<void> copy_in(const std::string& copy_sql, std::string_view data, effect e);
 
   /// True when the server process answering differs from the one this connection was given at
   /// connect: a pooler (pgbouncer, ...) sits between, handing out its own backend keys. Any

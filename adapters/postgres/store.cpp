@@ -1,5 +1,6 @@
 #include "tenure/postgres/store.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <mutex>
@@ -10,6 +11,7 @@
 
 #include "connection.hpp"
 #include "tenure/postgres/schema.hpp"
+#include "tenure/postgres/sql_text.hpp"
 
 namespace tenure::postgres {
 
@@ -91,13 +93,15 @@ struct statements {
                   "CROSS JOIN (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) r "
                   "WHERE s.schemaname = $1 AND s.relname IN ('ready', 'receipts') AND s.n_dead_tup >= $2::bigint "
                   "ORDER BY s.relname"},
+        copy_stage{"tenure_enqueue_copy_stage", "SELECT " + s + ".enqueue_copy_stage()"},
+        copy_move{"tenure_enqueue_copied", "SELECT " + s + ".enqueue_copied()"},
         queue_depths{"tenure_queue_depths", "SELECT queue, available, scheduled, retryable, running, waiting_external, " +
                                                 epoch_us("oldest_available") + " FROM " + s + ".queue_depths()"} {}
 
   statement enqueue, enqueue_batch, claim, heartbeat, complete, fail, snooze, cancel_attempt, checkpoint, register_callback,
       await_callback, park_callback, resume_callback, extend_callback, complete_callback, fail_callback, cancel_job,
       retry_job, read_job, rescue, promote, maintain, evidence, evidence_batch, version, configure_queue,
-      pause_queue, resume_queue, update_queue, dead_rows, queue_depths;
+      pause_queue, resume_queue, update_queue, dead_rows, copy_stage, copy_move, queue_depths;
 };
 
 param text(std::string_view s) { return std::string{s}; }
@@ -250,8 +254,62 @@ result<enqueue_result> store::try_enqueue(const new_job& job) {
   return enqueue_result{.id = rows.int64(0, 0), .inserted = true};
 }
 
+namespace {
+
+/// The ids enqueue_copied() answered ('{41,42}'), in input order; errc::protocol_error unless
+/// there are exactly `n`.
+result<std::vector<enqueue_result>> copied_ids(std::string_view text, std::size_t n) {
+  std::vector<enqueue_result> out;
+  out.reserve(n);
+  std::int64_t cur = 0;
+  bool in_number = false;
+  for (char c : text) {
+    if (c >= '0' && c <= '9') {
+      cur = cur * 10 + (c - '0');
+      in_number = true;
+    } else if (in_number) {
+      out.push_back({.id = cur, .inserted = true});
+      cur = 0;
+      in_number = false;
+    }
+  }
+  if (out.size() != n) {
+    tenure::logger()->error("tenure.pg: enqueue_copied answered {} ids for {} jobs", out.size(), n);
+    return errc::protocol_error;
+  }
+  return out;
+}
+
+}  // namespace
+
+/// Many keyless jobs in one transaction of the store's: COPY into the session's stage, then one
+/// move (schema migration 22). The commit is the write: lost there, errc::commit_in_doubt.
+result<std::vector<enqueue_result>> store::copy_enqueue(std::span<const new_job> jobs) {
+  TENURE_TRY(auto data, enqueue_copy_rows(jobs));
+  return impl_->with_connection([&](connection& c) -> result<std::vector<enqueue_result>> {
+    TENURE_TRY(auto begun, c.exec_script("BEGIN", effect::read));
+    (void)begun;
+    TENURE_TRY(auto stage, c.exec(impl_->st.copy_stage, {}, effect::read));
+    TENURE_TRY(auto copy_sql, enqueue_copy_statement(stage.size() == 1 && !stage.is_null(0, 0)
+                                                         ? std::optional<std::string_view>{stage.text(0, 0)}
+                                                         : std::nullopt));
+    TENURE_TRYV(c.copy_in(copy_sql, data, effect::read));
+    TENURE_TRY(auto moved, c.exec(impl_->st.copy_move, {}, effect::read));
+    if (moved.size() != 1 || moved.is_null(0, 0)) return errc::protocol_error;
+    TENURE_TRY(auto out, copied_ids(moved.text(0, 0), jobs.size()));
+    TENURE_TRY(auto committed, c.exec_script("COMMIT", effect::write));
+    (void)committed;
+    return out;
+  });
+}
+
 result<std::vector<enqueue_result>> store::try_enqueue_batch(std::span<const new_job> jobs) {
   if (jobs.empty()) return std::vector<enqueue_result>{};
+  const auto threshold = impl_->opt.copy_threshold;
+  if (threshold > 0 && jobs.size() >= threshold &&
+      std::none_of(jobs.begin(), jobs.end(), [](const new_job& j) { return j.unique_key.has_value(); })) {
+    return copy_enqueue(jobs);
+  }
   std::vector<std::optional<std::string>> kinds, args, queues, run_ats, metadatas, keys;
   std::vector<std::int64_t> priorities, max_attempts;
   bool keyed = false;

@@ -5,11 +5,11 @@
 /// session's stage (a temporary table tenure owns, with enqueue_batch's checks as constraints),
 /// the jobs go into it with one COPY, and `<schema>.enqueue_copied()` moves them into the job
 /// tables and answers their ids in input order. A bridge supplies what enqueue_sql.hpp asks of it
-/// (running one statement) and one more function that runs a COPY with the rows this file writes.
+/// (running one statement) and one more function that runs a COPY with the rows
+/// postgres::enqueue_copy_rows() writes.
 #include <cstddef>
 #include <span>
 #include <string>
-#include <string_view>
 
 #include "common/enqueue_sql.hpp"
 
@@ -28,27 +28,10 @@ inline bool use_copy(std::span<const new_job> jobs, const sql_options& options, 
   return true;
 }
 
-namespace detail {
-
-/// `v` as one field of COPY's text format: backslash, tab, newline and carriage return escaped.
-inline void append_copy_field(std::string& out, std::string_view v) {
-  for (char c : v) {
-    switch (c) {
-      case '\\': out += "\\\\"; break;
-      case '\t': out += "\\t"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      default: out += c;
-    }
-  }
-}
-
-}  // namespace detail
-
-/// The steps of one COPY enqueue.
+/// The statements around the COPY.
 struct copy_enqueue {
   enqueue_statement stage;  ///< answers the stage's name
-  std::string rows;         ///< the jobs in COPY text format, one line each, `ord` 1..n
+  std::string rows;         ///< the jobs in COPY text format (postgres::enqueue_copy_rows)
   enqueue_statement move;   ///< answers the ids in input order
 };
 
@@ -56,48 +39,11 @@ struct copy_enqueue {
 /// anything is sent, as enqueue_batch_statement_for.
 inline result<copy_enqueue> copy_enqueue_for(std::span<const new_job> jobs, const sql_options& options) {
   TENURE_TRYV(detail::check_schema(options));
-  copy_enqueue out{
+  TENURE_TRY(auto rows, postgres::enqueue_copy_rows(jobs));
+  return copy_enqueue{
       .stage = {.name = "enqueue_copy_stage", .sql = "SELECT " + options.schema + ".enqueue_copy_stage()", .jobs = 0},
-      .rows = {},
+      .rows = std::move(rows),
       .move = {.name = "enqueue_copied", .sql = "SELECT " + options.schema + ".enqueue_copied()", .jobs = jobs.size()}};
-  out.rows.reserve(jobs.size() * 48);
-  std::size_t ord = 0;
-  for (const auto& j : jobs) {
-    TENURE_TRYV(validate(j));
-    const auto args = detail::json_text(j.args);
-    const auto metadata = detail::json_text(j.metadata);
-    if (!args || !metadata) return error{errc::invalid_argument, "args or metadata cannot be written as JSON text"};
-    out.rows += std::to_string(++ord);
-    out.rows += '\t';
-    detail::append_copy_field(out.rows, j.kind);
-    out.rows += '\t';
-    detail::append_copy_field(out.rows, *args);
-    out.rows += '\t';
-    detail::append_copy_field(out.rows, j.queue);
-    out.rows += '\t';
-    out.rows += std::to_string(j.priority);
-    out.rows += '\t';
-    out.rows += j.run_at ? postgres::timestamp_text(*j.run_at) : std::string{"\\N"};
-    out.rows += '\t';
-    out.rows += std::to_string(j.max_attempts);
-    out.rows += '\t';
-    detail::append_copy_field(out.rows, *metadata);
-    out.rows += '\n';
-  }
-  return out;
-}
-
-/// The COPY statement for the stage enqueue_copy_stage() named; errc::protocol_error for a name
-/// that is not the one migration 22 makes (`pg_temp.tenure_enqueue_<digits>`), which is never
-/// pasted into SQL.
-inline result<std::string> copy_sql_for(const std::optional<std::string>& stage) {
-  constexpr std::string_view prefix = "pg_temp.tenure_enqueue_";
-  if (!stage || !stage->starts_with(prefix) || stage->size() == prefix.size() ||
-      stage->find_first_not_of("0123456789", prefix.size()) != std::string::npos) {
-    tenure::logger()->error("tenure: enqueue_copy_stage answered an unexpected stage name");
-    return errc::protocol_error;
-  }
-  return "COPY " + *stage + " (ord, kind, args, queue, priority, run_at, max_attempts, metadata) FROM STDIN";
 }
 
 /// try_enqueue_batch for a bridge that can COPY: through COPY when use_copy() says so, else one
@@ -110,7 +56,8 @@ result<std::vector<enqueue_result>> try_enqueue_batch(std::span<const new_job> j
   if (!use_copy(jobs, options, state)) return try_enqueue_batch(jobs, options, std::forward<Run>(run));
   TENURE_TRY(auto steps, copy_enqueue_for(jobs, options));
   TENURE_TRY(auto stage, run(steps.stage));
-  TENURE_TRY(auto sql, copy_sql_for(stage));
+  TENURE_TRY(auto sql, postgres::enqueue_copy_statement(stage ? std::optional<std::string_view>{*stage}
+                                                                : std::nullopt));
   const enqueue_statement copy_step{.name = "enqueue COPY", .sql = sql, .jobs = jobs.size()};
   TENURE_TRYV(copy(copy_step.sql, steps.rows, copy_step));
   TENURE_TRY(auto ids, run(steps.move));

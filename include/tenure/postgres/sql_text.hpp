@@ -7,10 +7,12 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "tenure/job.hpp"
 #include "tenure/result.hpp"
 
 namespace tenure::postgres {
@@ -31,5 +33,15 @@ std::string text_array(const std::vector<std::optional<std::string>>& v);
 std::string interval_text(std::chrono::microseconds d);
 /// UTC timestamptz text with microseconds.
 std::string timestamp_text(std::chrono::system_clock::time_point t);
+
+/// The bulk enqueue over COPY (schema migration 22): `jobs` as the rows of COPY's text format for
+/// the stage `<schema>.enqueue_copy_stage()` names, `ord` 1..n in input order, in the columns
+/// enqueue_copy_statement() lists. errc::invalid_argument with validate()'s detail for a job it
+/// refuses, or for a job with a unique_key (keys go through enqueue_batch).
+result<std::string> enqueue_copy_rows(std::span<const new_job> jobs);
+/// `COPY <stage> (ord, kind, args, queue, priority, run_at, max_attempts, metadata) FROM STDIN`
+/// for the stage name enqueue_copy_stage() answered; errc::protocol_error for any other text
+/// (only `pg_temp.tenure_enqueue_<digits>` is ever pasted into SQL).
+result<std::string> enqueue_copy_statement(std::optional<std::string_view> stage);
 
 }  // namespace tenure::postgres

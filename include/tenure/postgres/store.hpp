@@ -2,6 +2,7 @@
 /// \file
 /// The PostgreSQL storage adapter: the real implementation of the storage port.
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -45,12 +46,17 @@ struct store_options {
   /// Named prepared statements and session settings, or none (see pool_mode). After open(),
   /// options().pool_mode says which one `detect` chose.
   postgres::pool_mode pool_mode = postgres::pool_mode::detect;
+  /// enqueue_batch() of at least this many jobs, none with a unique key, runs as one transaction
+  /// of COPY into the session's stage and one move (as the libpq bridge does inside a caller's
+  /// transaction; see sql_options::copy_threshold). 0: always one enqueue_batch statement.
+  std::size_t copy_threshold = 1000;
 };
 
 /// Storage port over a small pool of libpq connections. Thread-safe: each call borrows one
 /// connection and blocks until its single statement answered. A broken connection is reopened
-/// on the next call. Every write is one autocommit statement; when the connection breaks after
-/// such a statement was sent, the call reports errc::commit_in_doubt (it may have been applied).
+/// on the next call. Every write is one autocommit statement (or, for a large batch over COPY, one
+/// transaction); when the connection breaks after the statement (the COMMIT) was sent, the call
+/// reports errc::commit_in_doubt (it may have been applied).
 class store final : public storage_port {
  public:
   /// Opens the pool (every connection at once) and checks that the schema is installed at the
@@ -107,6 +113,7 @@ class store final : public storage_port {
   const store_options& options() const noexcept;
 
  private:
+  result<std::vector<enqueue_result>> copy_enqueue(std::span<const new_job> jobs);
   struct impl;
   explicit store(std::unique_ptr<impl> p) noexcept;
   std::unique_ptr<impl> impl_;

@@ -1,0 +1,78 @@
+// The text the bulk enqueue over COPY sends: rows in COPY's text format and the COPY statement.
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tenure/log.hpp"
+#include "tenure/postgres/sql_text.hpp"
+
+namespace tenure::postgres {
+namespace {
+
+/// `v` as one field of COPY's text format: backslash, tab, newline and carriage return escaped.
+void append_field(std::string& out, std::string_view v) {
+  for (char c : v) {
+    switch (c) {
+      case '\\': out += "\\\\"; break;
+      case '\t': out += "\\t"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      default: out += c;
+    }
+  }
+}
+
+/// A job's args or metadata as JSON text (null: `{}`); false when it cannot be serialized.
+bool append_json(std::string& out, const nlohmann::json& v) {
+  if (v.is_null()) {
+    out += "{}";
+    return true;
+  }
+  try {
+    append_field(out, v.dump());
+    return true;
+  } catch (const nlohmann::json::exception&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+result<std::string> enqueue_copy_rows(std::span<const new_job> jobs) {
+  std::string out;
+  out.reserve(jobs.size() * 48);
+  std::size_t ord = 0;
+  for (const auto& j : jobs) {
+    TENURE_TRYV(validate(j));
+    if (j.unique_key) return error{errc::invalid_argument, "a job with a unique_key cannot be enqueued over COPY"};
+    out += std::to_string(++ord);
+    out += '\t';
+    append_field(out, j.kind);
+    out += '\t';
+    if (!append_json(out, j.args)) return error{errc::invalid_argument, "args cannot be written as JSON text"};
+    out += '\t';
+    append_field(out, j.queue);
+    out += '\t';
+    out += std::to_string(j.priority);
+    out += '\t';
+    out += j.run_at ? timestamp_text(*j.run_at) : std::string{"\\N"};
+    out += '\t';
+    out += std::to_string(j.max_attempts);
+    out += '\t';
+    if (!append_json(out, j.metadata)) return error{errc::invalid_argument, "metadata cannot be written as JSON text"};
+    out += '\n';
+  }
+  return out;
+}
+
+result<std::string> enqueue_copy_statement(std::optional<std::string_view> stage) {
+  constexpr std::string_view prefix = "pg_temp.tenure_enqueue_";
+  if (!stage || !stage->starts_with(prefix) || stage->size() == prefix.size() ||
+      stage->find_first_not_of("0123456789", prefix.size()) != std::string_view::npos) {
+    tenure::logger()->error("tenure: enqueue_copy_stage answered an unexpected stage name");
+    return errc::protocol_error;
+  }
+  return "COPY " + std::string{*stage} + " (ord, kind, args, queue, priority, run_at, max_attempts, metadata) FROM STDIN";
+}
+
+}  // namespace tenure::postgres
