@@ -84,6 +84,42 @@ TEST_F(pooler, several_store_clients_enqueue_claim_and_complete_repeatedly_throu
   EXPECT_EQ(count("SELECT count(*) FROM " + s("jobs") + " WHERE state = 'completed'"), k_clients * k_rounds);
 }
 
+TEST_F(pooler, store_clients_enqueue_large_batches_over_copy_concurrently_through_transaction_pooling) {
+  // Each batch is BEGIN, the stage, COPY, the move, COMMIT on whatever server session the pooler
+  // gives that transaction: the stage is made where it is missing and holds one batch at a time.
+  constexpr int k_clients = 3, k_rounds = 6;
+  std::vector<std::string> errors(k_clients);
+  std::vector<std::thread> clients;
+  for (int t = 0; t < k_clients; ++t) {
+    clients.emplace_back([&, t] {
+      auto opened = store::open({.dsn = pooled_, .schema = schema_.name(), .pool_size = 2});
+      if (!opened) {
+        errors[t] = "open: " + opened.error().message();
+        return;
+      }
+      const std::string queue = "copy" + std::to_string(t);
+      for (int i = 0; i < k_rounds; ++i) {
+        const std::vector<tenure::new_job> jobs(1'000 + i, tenure::new_job{.kind = "k", .args = {{"round", i}}, .queue = queue});
+        auto ids = opened.value()->enqueue_batch(jobs);
+        if (!ids || ids.value().size() != jobs.size()) {
+          errors[t] = "round " + std::to_string(i) + ": " + (ids ? "wrong number of ids" : ids.error().message());
+          return;
+        }
+      }
+    });
+  }
+  for (auto& c : clients) c.join();
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  for (int t = 0; t < k_clients; ++t) {
+    for (int i = 0; i < k_rounds; ++i) {
+      EXPECT_EQ(count("SELECT count(*) FROM " + s("jobs") + " WHERE queue = $1 AND args->>'round' = $2",
+                      {"copy" + std::to_string(t), std::to_string(i)}),
+                1'000 + i)
+          << "client " << t << " round " << i;
+    }
+  }
+}
+
 TEST_F(pooler, a_store_detects_a_pooler_by_its_backend_key_and_keeps_named_statements_only_on_a_direct_session) {
   auto through = open_store(pooled_);
   auto direct = open_store(schema_.dsn());
