@@ -25,16 +25,34 @@
 -- enqueue_copied runs: enqueue_copied answers NULL when nothing is staged. Unique keys stay with
 -- enqueue_batch. Both functions go to the roles that may run enqueue_batch.
 
+-- The name of the session's stage, and whether it exists; 42501 (naming `what`) when a relation
+-- of that name exists that tenure's owner did not make as a temporary table. Granted to nobody.
+CREATE FUNCTION @schema@.enqueue_stage_checked(what text, OUT stage text, OUT present boolean)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  rel regclass;
+BEGIN
+  stage := 'tenure_enqueue_' || '@schema@'::regnamespace::oid;
+  rel := to_regclass('pg_temp.' || stage);
+  present := rel IS NOT NULL;
+  IF present AND NOT EXISTS (SELECT 1 FROM pg_class c
+                              WHERE c.oid = rel AND c.relkind = 'r' AND c.relpersistence = 't'
+                                AND c.relowner = (SELECT r.oid FROM pg_roles r WHERE r.rolname = current_user)) THEN
+    RAISE EXCEPTION '%: pg_temp.% exists and is not the stage tenure made (drop it)', what, stage
+      USING ERRCODE = '42501';
+  END IF;
+END $$;
+
 CREATE FUNCTION @schema@.enqueue_copy_stage() RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  stage  text := 'tenure_enqueue_' || '@schema@'::regnamespace::oid;
-  rel    regclass := to_regclass('pg_temp.' || stage);
+  st     record := @schema@.enqueue_stage_checked('tenure.enqueue_copy_stage');
+  stage  text := st.stage;
   caller text := CASE WHEN current_setting('role') = 'none' THEN session_user
                       ELSE current_setting('role') END;
   staged boolean;
 BEGIN
-  IF rel IS NULL THEN
+  IF NOT st.present THEN
     EXECUTE format($stage$
       CREATE TEMPORARY TABLE %I (
         ord          int         NOT NULL,
@@ -57,14 +75,8 @@ BEGIN
         CONSTRAINT "run_at must be before 2262-04-11 23:47:16.854775+00"
           CHECK (run_at IS NULL OR run_at <= '2262-04-11 23:47:16.854775+00'::timestamptz)
       ) ON COMMIT DELETE ROWS $stage$, stage);
-    rel := to_regclass('pg_temp.' || stage);
-  ELSIF NOT EXISTS (SELECT 1 FROM pg_class c
-                     WHERE c.oid = rel AND c.relkind = 'r' AND c.relpersistence = 't'
-                       AND c.relowner = (SELECT r.oid FROM pg_roles r WHERE r.rolname = current_user)) THEN
-    RAISE EXCEPTION 'tenure.enqueue_copy_stage: pg_temp.% exists and is not the stage tenure made (drop it)', stage
-      USING ERRCODE = '42501';
   END IF;
-  IF NOT has_table_privilege(caller, rel, 'INSERT') THEN
+  IF NOT has_table_privilege(caller, 'pg_temp.' || stage, 'INSERT') THEN
     EXECUTE format('GRANT INSERT ON TABLE pg_temp.%I TO %I', stage, caller);
   END IF;
   -- Rows an earlier batch of this transaction staged were moved by then: start empty.
@@ -78,19 +90,13 @@ END $$;
 CREATE FUNCTION @schema@.enqueue_copied() RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET synchronize_seqscans = off AS $$
 DECLARE
-  stage  text := 'tenure_enqueue_' || '@schema@'::regnamespace::oid;
-  rel    regclass := to_regclass('pg_temp.' || stage);
+  st     record := @schema@.enqueue_stage_checked('tenure.enqueue_copied');
+  stage  text := st.stage;
   ids    text;
   q      text;
 BEGIN
-  IF rel IS NULL THEN
+  IF NOT st.present THEN
     RETURN NULL;
-  END IF;
-  IF NOT EXISTS (SELECT 1 FROM pg_class c
-                  WHERE c.oid = rel AND c.relkind = 'r' AND c.relpersistence = 't'
-                    AND c.relowner = (SELECT r.oid FROM pg_roles r WHERE r.rolname = current_user)) THEN
-    RAISE EXCEPTION 'tenure.enqueue_copied: pg_temp.% is not the stage tenure made (drop it)', stage
-      USING ERRCODE = '42501';
   END IF;
   EXECUTE format($move$
     WITH numbered AS MATERIALIZED (
@@ -121,6 +127,7 @@ BEGIN
   RETURN ids;
 END $$;
 
+REVOKE ALL ON FUNCTION @schema@.enqueue_stage_checked(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @schema@.enqueue_copy_stage() FROM PUBLIC;
 REVOKE ALL ON FUNCTION @schema@.enqueue_copied() FROM PUBLIC;
 

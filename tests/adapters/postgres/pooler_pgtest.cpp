@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -88,28 +89,22 @@ TEST_F(pooler, store_clients_enqueue_large_batches_over_copy_concurrently_throug
   // Each batch is BEGIN, the stage, COPY, the move, COMMIT on whatever server session the pooler
   // gives that transaction: the stage is made where it is missing and holds one batch at a time.
   constexpr int k_clients = 3, k_rounds = 6;
-  std::vector<std::string> errors(k_clients);
-  std::vector<std::thread> clients;
+  std::vector<std::future<std::string>> clients;  // each: what went wrong, or ""
   for (int t = 0; t < k_clients; ++t) {
-    clients.emplace_back([&, t] {
-      auto opened = store::open({.dsn = pooled_, .schema = schema_.name(), .pool_size = 2});
-      if (!opened) {
-        errors[t] = "open: " + opened.error().message();
-        return;
-      }
+    clients.push_back(std::async(std::launch::async, [&, t]() -> std::string {
+      auto st = open_store(pooled_);
+      if (!st) return "open failed";
       const std::string queue = "copy" + std::to_string(t);
       for (int i = 0; i < k_rounds; ++i) {
         const std::vector<tenure::new_job> jobs(1'000 + i, tenure::new_job{.kind = "k", .args = {{"round", i}}, .queue = queue});
-        auto ids = opened.value()->enqueue_batch(jobs);
-        if (!ids || ids.value().size() != jobs.size()) {
-          errors[t] = "round " + std::to_string(i) + ": " + (ids ? "wrong number of ids" : ids.error().message());
-          return;
-        }
+        auto ids = st->enqueue_batch(jobs);
+        if (!ids) return "round " + std::to_string(i) + ": " + ids.error().message();
+        if (ids.value().size() != jobs.size()) return "round " + std::to_string(i) + ": wrong number of ids";
       }
-    });
+      return "";
+    }));
   }
-  for (auto& c : clients) c.join();
-  for (const auto& e : errors) EXPECT_EQ(e, "");
+  for (auto& c : clients) EXPECT_EQ(c.get(), "");
   for (int t = 0; t < k_clients; ++t) {
     for (int i = 0; i < k_rounds; ++i) {
       EXPECT_EQ(count("SELECT count(*) FROM " + s("jobs") + " WHERE queue = $1 AND args->>'round' = $2",

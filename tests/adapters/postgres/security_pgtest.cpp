@@ -215,10 +215,11 @@ TEST_F(security, producer_enqueues_over_copy_holding_only_insert_on_a_stage_tenu
   as_role.exec("INSERT INTO " + stage + " VALUES (2, 'b', '{}', 'q', 2, NULL, 25, '{}'), (1, 'a', '{}', 'q', 2, NULL, 25, '{}')");
   const std::string ids = as_role.scalar("SELECT " + s("enqueue_copied") + "()");
   as_role.exec("COMMIT");
-  EXPECT_EQ(admin_.scalar("SELECT string_agg(kind, ',' ORDER BY id) FROM " + s("jobs") + " WHERE id = ANY($1::bigint[])",
+  EXPECT_EQ(admin_.scalar("SELECT string_agg(j.kind, ',' ORDER BY a.ord) FROM unnest($1::bigint[]) WITH ORDINALITY "
+                          "AS a(id, ord) JOIN " + s("jobs") + " j ON j.id = a.id",
                           {ids}),
             "a,b")
-      << "ids in ord order: " << ids;
+      << "the answer lists the ids in ord order: " << ids;
   EXPECT_EQ(as_role.query("SELECT * FROM " + s("ready")).sqlstate, "42501");
 }
 
