@@ -284,22 +284,25 @@ result<std::vector<enqueue_result>> copied_ids(std::string_view text, std::size_
 
 /// Many keyless jobs in one transaction of the store's: COPY into the session's stage, then one
 /// move (schema migration 22). The commit is the write: lost there, errc::commit_in_doubt.
-result<std::vector<enqueue_result>> store::copy_enqueue(std::span<const new_job> jobs) {
+/// nullopt, with nothing written, when the server offers no stage.
+result<std::optional<std::vector<enqueue_result>>> store::copy_enqueue(std::span<const new_job> jobs) {
   TENURE_TRY(auto data, enqueue_copy_rows(jobs));
-  return impl_->with_connection([&](connection& c) -> result<std::vector<enqueue_result>> {
+  return impl_->with_connection([&](connection& c) -> result<std::optional<std::vector<enqueue_result>>> {
     TENURE_TRY(auto begun, c.exec_script("BEGIN", effect::read));
     (void)begun;
     TENURE_TRY(auto stage, c.exec(impl_->st.copy_stage, {}, effect::read));
-    TENURE_TRY(auto copy_sql, enqueue_copy_statement(stage.size() == 1 && !stage.is_null(0, 0)
-                                                         ? std::optional<std::string_view>{stage.text(0, 0)}
-                                                         : std::nullopt));
+    // No stage (the schema's owner may not create temporary tables here): the caller sends arrays
+    // after all. The empty transaction ends when the connection goes back to the pool.
+    if (stage.size() == 1 && stage.is_null(0, 0)) return std::optional<std::vector<enqueue_result>>{};
+    TENURE_TRY(auto copy_sql, enqueue_copy_statement(stage.size() == 1 ? std::optional<std::string_view>{stage.text(0, 0)}
+                                                                       : std::nullopt));
     TENURE_TRYV(c.copy_in(copy_sql, data, effect::read));
     TENURE_TRY(auto moved, c.exec(impl_->st.copy_move, {}, effect::read));
     if (moved.size() != 1 || moved.is_null(0, 0)) return errc::protocol_error;
     TENURE_TRY(auto out, copied_ids(moved.text(0, 0), jobs.size()));
     TENURE_TRY(auto committed, c.exec_script("COMMIT", effect::write));
     (void)committed;
-    return out;
+    return std::optional{std::move(out)};
   });
 }
 
@@ -308,7 +311,8 @@ result<std::vector<enqueue_result>> store::try_enqueue_batch(std::span<const new
   const auto threshold = impl_->opt.copy_threshold;
   if (threshold > 0 && jobs.size() >= threshold &&
       std::none_of(jobs.begin(), jobs.end(), [](const new_job& j) { return j.unique_key.has_value(); })) {
-    return copy_enqueue(jobs);
+    TENURE_TRY(auto copied, copy_enqueue(jobs));
+    if (copied) return std::move(*copied);
   }
   std::vector<std::optional<std::string>> kinds, args, queues, run_ats, metadatas, keys;
   std::vector<std::int64_t> priorities, max_attempts;

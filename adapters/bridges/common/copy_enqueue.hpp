@@ -56,6 +56,8 @@ result<std::vector<enqueue_result>> try_enqueue_batch(std::span<const new_job> j
   if (!use_copy(jobs, options, state)) return try_enqueue_batch(jobs, options, std::forward<Run>(run));
   TENURE_TRY(auto steps, copy_enqueue_for(jobs, options));
   TENURE_TRY(auto stage, run(steps.stage));
+  // No stage (the schema's owner may not create temporary tables here): arrays after all.
+  if (!stage) return try_enqueue_batch(jobs, options, std::forward<Run>(run));
   TENURE_TRY(auto sql, postgres::enqueue_copy_statement(stage ? std::optional<std::string_view>{*stage}
                                                                 : std::nullopt));
   const enqueue_statement copy_step{.name = "enqueue COPY", .sql = sql, .jobs = jobs.size()};

@@ -22,7 +22,9 @@
 -- until the commit empties it (a delete would cost more than the move saves); the next
 -- enqueue_copy_stage of the same transaction empties it first.
 -- A COPY outside a transaction block would commit, and its commit empty the stage, before
--- enqueue_copied runs: enqueue_copied answers NULL when nothing is staged. Unique keys stay with
+-- enqueue_copied runs: enqueue_copied answers NULL when nothing is staged. enqueue_copy_stage
+-- answers NULL when the schema's owner may not create temporary tables in the database: the caller
+-- then sends enqueue_batch. Unique keys stay with
 -- enqueue_batch. Both functions go to the roles that may run enqueue_batch.
 
 -- The name of the session's stage, and whether it exists; 42501 (naming `what`) when a relation
@@ -53,6 +55,11 @@ DECLARE
   staged boolean;
 BEGIN
   IF NOT st.present THEN
+    -- An owner that may not create temporary tables here has no stage to offer: NULL, and the
+    -- caller sends enqueue_batch instead (nothing failed, its transaction goes on).
+    IF NOT has_database_privilege(current_user, current_database(), 'TEMPORARY') THEN
+      RETURN NULL;
+    END IF;
     EXECUTE format($stage$
       CREATE TEMPORARY TABLE %I (
         ord          int         NOT NULL,

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "tenure/storage_port.hpp"
@@ -113,7 +114,7 @@ class store final : public storage_port {
   const store_options& options() const noexcept;
 
  private:
-  result<std::vector<enqueue_result>> copy_enqueue(std::span<const new_job> jobs);
+  result<std::optional<std::vector<enqueue_result>>> copy_enqueue(std::span<const new_job> jobs);
   struct impl;
   explicit store(std::unique_ptr<impl> p) noexcept;
   std::unique_ptr<impl> impl_;

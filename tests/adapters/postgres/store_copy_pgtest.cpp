@@ -9,6 +9,8 @@
 
 #include "support/fault_proxy.hpp"
 #include "support/pg.hpp"
+#include "tenure/libpq.hpp"
+#include "tenure/postgres/schema.hpp"
 #include "tenure/postgres/store.hpp"
 
 using namespace std::chrono_literals;
@@ -139,6 +141,49 @@ TEST_F(store_copy, a_connection_lost_before_the_commit_writes_nothing) {
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error(), errc::database_unavailable) << r.error().message();
   EXPECT_EQ(count("queue = 'lost'"), 0);
+}
+
+TEST(store_copy_without_temp, an_owner_that_may_not_create_temporary_tables_enqueues_large_batches_over_arrays) {
+  // A database where PUBLIC lost TEMPORARY, and a schema owned by a role that is not superuser.
+  const std::string admin_dsn = tenure::test::test_dsn();
+  const std::string suffix = tenure::test::random_suffix();
+  const std::string db = "notemp_" + suffix, owner = "notemp_owner_" + suffix, schema = "notemp";
+  pg admin{admin_dsn};
+  admin.exec("CREATE DATABASE " + db);
+  admin.exec("CREATE ROLE " + owner + " LOGIN");
+  struct drop_all {
+    pg& admin;
+    std::string db, owner;
+    ~drop_all() {
+      admin.query("DROP DATABASE IF EXISTS " + db + " WITH (FORCE)");
+      admin.query("DROP ROLE IF EXISTS " + owner);
+    }
+  } drop{admin, db, owner};
+  admin.exec("REVOKE TEMPORARY ON DATABASE " + db + " FROM PUBLIC");
+  admin.exec("GRANT CREATE ON DATABASE " + db + " TO " + owner);
+  const std::string dsn = tenure::test::dsn_with_user(admin_dsn.substr(0, admin_dsn.rfind('/') + 1) + db, owner);
+  auto installed = tenure::postgres::migrate(dsn, schema);
+  ASSERT_TRUE(installed) << installed.error().message();
+
+  pg as_owner{dsn};
+  EXPECT_EQ(as_owner.query("CREATE TEMP TABLE t (x int)").sqlstate, "42501") << "the owner may not make one";
+  EXPECT_EQ(as_owner.scalar("SELECT " + schema + ".enqueue_copy_stage() IS NULL"), "t") << "so no stage is offered";
+
+  auto st = tenure::postgres::store::open({.dsn = dsn, .schema = schema, .pool_size = 1});
+  ASSERT_TRUE(st) << st.error().message();
+  auto ids = st.value()->enqueue_batch(std::vector<new_job>(1'500, new_job{.kind = "k", .queue = "store"}));
+  ASSERT_TRUE(ids) << ids.error().message();
+  EXPECT_EQ(ids.value().size(), 1'500u);
+
+  // The libpq bridge inside the caller's transaction: the transaction goes on after the fallback.
+  as_owner.exec("BEGIN");
+  auto bridged = tenure::enqueue_batch(as_owner.native(), std::vector<new_job>(1'500, new_job{.kind = "k", .queue = "bridge"}),
+                                       {.schema = schema});
+  ASSERT_TRUE(bridged) << bridged.error().message();
+  as_owner.exec("COMMIT");
+  EXPECT_EQ(as_owner.scalar("SELECT string_agg(queue || ' ' || n, ', ' ORDER BY queue) FROM (SELECT queue, count(*) AS n FROM " +
+                            schema + ".jobs GROUP BY queue) q"),
+            "bridge 1500, store 1500");
 }
 
 }  // namespace
