@@ -284,10 +284,15 @@ result<std::vector<enqueue_result>> copied_ids(std::string_view text, std::size_
 
 /// Many keyless jobs in one transaction of the store's: COPY into the session's stage, then one
 /// move (schema migration 22). The commit is the write: lost there, errc::commit_in_doubt.
-/// nullopt, with nothing written, when the server offers no stage.
+/// nullopt, with nothing written, when the server offers no stage or the session is not UTF-8.
 result<std::optional<std::vector<enqueue_result>>> store::copy_enqueue(std::span<const new_job> jobs) {
   TENURE_TRY(auto data, enqueue_copy_rows(jobs));
   return impl_->with_connection([&](connection& c) -> result<std::optional<std::vector<enqueue_result>>> {
+    // COPY's text format is escaped byte by byte: only on a UTF-8 session (a client-only multibyte
+    // encoding such as SJIS would break it).
+    if (std::string_view{pg_encoding_to_char(PQclientEncoding(c.native()))} != "UTF8") {
+      return std::optional<std::vector<enqueue_result>>{};
+    }
     TENURE_TRY(auto begun, c.exec_script("BEGIN", effect::read));
     (void)begun;
     TENURE_TRY(auto stage, c.exec(impl_->st.copy_stage, {}, effect::read));

@@ -79,6 +79,18 @@ result<void> copy(PGconn* conn, const std::string& sql, const std::string& rows,
   return fail(res.get());
 }
 
+/// The bridges' options for `conn`: COPY only on a connection whose client encoding is UTF-8 (COPY's
+/// text format is escaped byte by byte, which a client-only multibyte encoding such as SJIS breaks).
+sql_options for_connection(PGconn* conn, const sql_options& options) {
+  if (conn == nullptr || options.copy_threshold == 0 ||
+      std::string_view{pg_encoding_to_char(PQclientEncoding(conn))} == "UTF8") {
+    return options;
+  }
+  sql_options arrays = options;
+  arrays.copy_threshold = 0;
+  return arrays;
+}
+
 }  // namespace
 
 result<std::int64_t> enqueue(PGconn* conn, const new_job& job, const sql_options& options) {
@@ -88,7 +100,7 @@ result<std::int64_t> enqueue(PGconn* conn, const new_job& job, const sql_options
 result<std::vector<std::int64_t>> enqueue_batch(PGconn* conn, std::span<const new_job> jobs,
                                                 const sql_options& options) {
   return bridges::enqueue_batch(
-      jobs, options, conn ? state_of(conn) : bridges::tx_state::unknown,
+      jobs, for_connection(conn, options), conn ? state_of(conn) : bridges::tx_state::unknown,
       [conn](const bridges::enqueue_statement& st) { return run(conn, st); },
       [conn](const std::string& sql, const std::string& rows, const bridges::enqueue_statement& st) {
         return copy(conn, sql, rows, st);
@@ -102,7 +114,7 @@ result<enqueue_result> try_enqueue(PGconn* conn, const new_job& job, const sql_o
 result<std::vector<enqueue_result>> try_enqueue_batch(PGconn* conn, std::span<const new_job> jobs,
                                                       const sql_options& options) {
   return bridges::try_enqueue_batch(
-      jobs, options, conn ? state_of(conn) : bridges::tx_state::unknown,
+      jobs, for_connection(conn, options), conn ? state_of(conn) : bridges::tx_state::unknown,
       [conn](const bridges::enqueue_statement& st) { return run(conn, st); },
       [conn](const std::string& sql, const std::string& rows, const bridges::enqueue_statement& st) {
         return copy(conn, sql, rows, st);

@@ -421,6 +421,22 @@ TEST_P(bridge_enqueue, a_batch_below_the_threshold_with_a_key_or_with_copy_off_g
   EXPECT_EQ(count("jobs"), 999 + 1'500 + 1'500);
 }
 
+TEST_P(bridge_enqueue, a_connection_not_in_utf8_sends_large_batches_over_arrays) {
+  // COPY's text is escaped byte by byte; only a UTF-8 session gets it.
+  const std::vector<new_job> jobs(1'500, new_job{.kind = "k", .args = {{"s", "a\\b"}}});
+  auto tx = open_tx();
+  tx->begin();
+  tx->exec("SET LOCAL client_encoding = 'LATIN1'");
+  tx->exec("SET LOCAL track_functions = 'pl'");
+  auto ids = tx->enqueue_batch(jobs, opts_);
+  ASSERT_TRUE(ids) << ids.error().message();
+  EXPECT_EQ(paths_called(*tx, schema_.name()), "batch 1, copied 0");
+  ASSERT_TRUE(tx->commit());
+  EXPECT_EQ(count("jobs"), 1'500);
+  EXPECT_EQ(check_.scalar("SELECT args->>'s' FROM " + s("jobs") + " WHERE id = $1", {std::to_string(ids.value()[0])}),
+            "a\\b");
+}
+
 TEST_P(bridge_enqueue, a_large_batch_outside_a_transaction_commits_on_its_own_over_arrays) {
   const std::vector<new_job> jobs(1'500, new_job{.kind = "k"});
   auto tx = open_tx();

@@ -97,6 +97,16 @@ TEST_F(store_copy, a_batch_below_the_threshold_with_a_key_or_with_copy_off_goes_
   EXPECT_EQ(stages(), 0) << "no session made the stage";
 }
 
+TEST_F(store_copy, a_store_whose_sessions_are_not_utf8_enqueues_large_batches_over_arrays) {
+  // COPY's text is escaped byte by byte; only a UTF-8 session gets it.
+  const std::string latin1 = schema_.dsn() + (schema_.dsn().find('?') == std::string::npos ? "?" : "&") +
+                             "client_encoding=LATIN1";
+  auto store = open(1000, latin1);
+  ASSERT_TRUE(store->enqueue_batch(std::vector<new_job>(1'500, new_job{.kind = "k"})));
+  EXPECT_EQ(count(), 1'500);
+  EXPECT_EQ(stages(), 0) << "no session made the stage";
+}
+
 TEST_F(store_copy, a_job_the_stage_refuses_writes_nothing_and_the_store_goes_on) {
   auto store = open();
   std::vector<new_job> jobs(1'200, new_job{.kind = "k"});
