@@ -14,18 +14,18 @@
 -- change the stage's checks (enqueue_batch's checks of each job, as CHECK constraints) nor read
 -- what others staged (a temporary table belongs to one session). A stage of that name that the
 -- schema's owner did not create is refused (42501): a caller cannot slip in an unchecked one.
--- enqueue_copied moves the staged rows into `ready` or, with a future run_at, `deferred`, with ids
--- from the job sequence taken in the stage's physical order (a fresh temporary table filled by
--- one COPY: input order, so ids rise with `ord`; no sort of whole rows, which would spill to disk
--- past work_mem), wakes the idle workers of the queues
--- that got a job to run now, and answers the ids in `ord` order. The moved rows stay in the stage
--- until the commit empties it (a delete would cost more than the move saves); the next
--- enqueue_copy_stage of the same transaction empties it first.
--- A COPY outside a transaction block would commit, and its commit empty the stage, before
+-- enqueue_copied moves the staged rows into `ready` or, with a future run_at, `deferred`, wakes
+-- the idle workers of the queues that got a job to run now, and answers the ids in `ord` order.
+-- Ids are taken from the job sequence in the stage's physical order (one COPY into an emptied
+-- temporary table: input order, so they rise with `ord`), not through a sort of whole rows, which
+-- spills to disk past work_mem. The moved rows stay in the stage until the commit empties it
+-- (deleting them costs a fifth of the move); the next enqueue_copy_stage of the same transaction
+-- empties it first.
+-- A COPY outside a transaction block commits, and its commit empties the stage, before
 -- enqueue_copied runs: enqueue_copied answers NULL when nothing is staged. enqueue_copy_stage
--- answers NULL when the schema's owner may not create temporary tables in the database: the caller
--- then sends enqueue_batch. Unique keys stay with
--- enqueue_batch. Both functions go to the roles that may run enqueue_batch.
+-- answers NULL when the schema's owner may not create temporary tables in the database; the
+-- caller then sends enqueue_batch. Unique keys stay with enqueue_batch. Both functions go to the
+-- roles that may run enqueue_batch.
 
 -- The name of the session's stage, and whether it exists; 42501 (naming `what`) when a relation
 -- of that name exists that tenure's owner did not make as a temporary table. Granted to nobody.
