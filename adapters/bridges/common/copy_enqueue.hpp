@@ -48,8 +48,9 @@ inline result<copy_enqueue> copy_enqueue_for(std::span<const new_job> jobs, cons
 
 /// try_enqueue_batch for a bridge that can COPY: through COPY when use_copy() says so, else one
 /// enqueue_batch statement. `run(const enqueue_statement&) -> answer` as in enqueue_sql.hpp;
-/// `copy(const std::string& sql, const std::string& rows, const enqueue_statement& step) ->
-/// result<void>` runs the COPY, its failures made by failure() for `step`.
+/// `copy(const std::string& stage, const std::string& sql, const std::string& rows,
+/// const enqueue_statement& step) -> result<void>` runs the COPY into `stage` (`sql` with `rows`, or
+/// the driver's own COPY of the jobs), its failures made by failure() for `step`.
 template <class Run, class Copy>
 result<std::vector<enqueue_result>> try_enqueue_batch(std::span<const new_job> jobs, const sql_options& options,
                                                       tx_state state, Run&& run, Copy&& copy) {
@@ -61,7 +62,7 @@ result<std::vector<enqueue_result>> try_enqueue_batch(std::span<const new_job> j
   TENURE_TRY(auto sql, postgres::enqueue_copy_statement(stage ? std::optional<std::string_view>{*stage}
                                                                 : std::nullopt));
   const enqueue_statement copy_step{.name = "enqueue COPY", .sql = sql, .jobs = jobs.size()};
-  TENURE_TRYV(copy(copy_step.sql, steps.rows, copy_step));
+  TENURE_TRYV(copy(*stage, copy_step.sql, steps.rows, copy_step));
   TENURE_TRY(auto ids, run(steps.move));
   return results_from(steps.move, ids);
 }

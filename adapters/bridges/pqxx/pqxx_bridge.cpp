@@ -5,6 +5,7 @@
 #include "tenure/log.hpp"
 
 #include "common/complete_sql.hpp"
+#include "common/copy_enqueue.hpp"
 #include "common/enqueue_sql.hpp"
 #include "tenure/postgres/sql_text.hpp"
 
@@ -57,6 +58,50 @@ bridges::answer run(pqxx::transaction_base& tx, const bridges::enqueue_statement
   }
 }
 
+/// COPY of `jobs` into the session's `stage` in the caller's transaction, through pqxx::stream_to
+/// (which escapes each field), in the columns postgres::enqueue_copy_statement() lists.
+result<void> copy(pqxx::transaction_base& tx, const std::string& stage, std::span<const new_job> jobs,
+                  const bridges::enqueue_statement& st) {
+  static const std::vector<std::string> columns{"ord",      "kind",   "args",         "queue",
+                                                "priority", "run_at", "max_attempts", "metadata"};
+  const auto json = [](const nlohmann::json& v) { return v.is_null() ? std::string{"{}"} : v.dump(); };
+  try {
+    pqxx::stream_to out{tx, stage, columns};
+    long ord = 0;
+    for (const auto& j : jobs) {
+      ++ord;
+      if (j.run_at) {
+        out << std::make_tuple(ord, j.kind, json(j.args), j.queue, j.priority, postgres::timestamp_text(*j.run_at),
+                               j.max_attempts, json(j.metadata));
+      } else {
+        out << std::make_tuple(ord, j.kind, json(j.args), j.queue, j.priority, nullptr, j.max_attempts,
+                               json(j.metadata));
+      }
+    }
+    out.complete();
+    return success();
+  } catch (const pqxx::broken_connection& e) {
+    return bridges::failure(st, bridges::tx_state::in_transaction, true, "", e.what());
+  } catch (const pqxx::sql_error& e) {
+    return bridges::failure(st, bridges::tx_state::in_transaction, false, e.sqlstate(), e.what());
+  } catch (const std::exception& e) {
+    tenure::logger()->error("tenure: {} failed: {}", st.name, e.what());
+    return error{errc::database_error, e.what()};
+  }
+}
+
+/// The state the COPY path needs: inside a real transaction (not a nontransaction) on a UTF-8
+/// session (COPY's text is escaped byte by byte).
+bridges::tx_state copy_state(pqxx::transaction_base& tx) {
+  if (dynamic_cast<pqxx::nontransaction*>(&tx) != nullptr) return bridges::tx_state::idle;
+  try {
+    if (tx.conn().get_client_encoding() != "UTF8") return bridges::tx_state::unknown;
+  } catch (const std::exception&) {
+    return bridges::tx_state::unknown;
+  }
+  return bridges::tx_state::in_transaction;
+}
+
 }  // namespace
 
 result<std::int64_t> enqueue(pqxx::transaction_base& tx, const new_job& job, const sql_options& options) {
@@ -65,7 +110,10 @@ result<std::int64_t> enqueue(pqxx::transaction_base& tx, const new_job& job, con
 
 result<std::vector<std::int64_t>> enqueue_batch(pqxx::transaction_base& tx, std::span<const new_job> jobs,
                                                 const sql_options& options) {
-  return bridges::enqueue_batch(jobs, options, [&tx](const bridges::enqueue_statement& st) { return run(tx, st); });
+  return bridges::enqueue_batch(
+      jobs, options, copy_state(tx), [&tx](const bridges::enqueue_statement& st) { return run(tx, st); },
+      [&tx, jobs](const std::string& stage, const std::string&, const std::string&,
+                  const bridges::enqueue_statement& st) { return copy(tx, stage, jobs, st); });
 }
 
 result<enqueue_result> try_enqueue(pqxx::transaction_base& tx, const new_job& job, const sql_options& options) {
@@ -74,7 +122,10 @@ result<enqueue_result> try_enqueue(pqxx::transaction_base& tx, const new_job& jo
 
 result<std::vector<enqueue_result>> try_enqueue_batch(pqxx::transaction_base& tx, std::span<const new_job> jobs,
                                                       const sql_options& options) {
-  return bridges::try_enqueue_batch(jobs, options, [&tx](const bridges::enqueue_statement& st) { return run(tx, st); });
+  return bridges::try_enqueue_batch(
+      jobs, options, copy_state(tx), [&tx](const bridges::enqueue_statement& st) { return run(tx, st); },
+      [&tx, jobs](const std::string& stage, const std::string&, const std::string&,
+                  const bridges::enqueue_statement& st) { return copy(tx, stage, jobs, st); });
 }
 
 result<finalization_receipt> complete_in_tx(pqxx::transaction_base& tx, const finalization_token& token,

@@ -325,7 +325,7 @@ TEST_P(bridge_enqueue, a_producer_waits_for_an_uncommitted_holder_and_inserts_on
   }
 }
 
-// ---- bulk enqueue over COPY (libpq and SOCI; pqxx stays on arrays) ----------------------------
+// ---- bulk enqueue over COPY ----------------------------------------------------------------------
 
 /// How many times this transaction called each of tenure's enqueue paths (needs
 /// SET LOCAL track_functions = 'pl' first).
@@ -353,7 +353,7 @@ TEST_P(bridge_enqueue, a_large_batch_inside_a_transaction_goes_through_copy_with
   auto ids = tx->enqueue_batch(jobs, opts_);
   ASSERT_TRUE(ids) << ids.error().message();
   ASSERT_EQ(ids.value().size(), jobs.size());
-  EXPECT_EQ(paths_called(*tx, schema_.name()), GetParam() == bridge::pqxx ? "batch 1, copied 0" : "batch 0, copied 1");
+  EXPECT_EQ(paths_called(*tx, schema_.name()), "batch 0, copied 1");
   EXPECT_EQ(count("jobs"), 0) << "invisible before the caller commits";
   ASSERT_TRUE(tx->commit());
   EXPECT_EQ(count("jobs"), 2'500);
@@ -455,13 +455,9 @@ TEST_P(bridge_enqueue, a_job_the_copy_stage_refuses_aborts_the_callers_transacti
   auto r = tx->enqueue_batch(jobs, opts_);
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error(), errc::invalid_argument) << r.error().message();
-  if (GetParam() == bridge::pqxx) {
-    EXPECT_EQ(r.error().sqlstate(), "22023");
-  } else {
-    EXPECT_EQ(r.error().sqlstate(), "23514") << "a CHECK of the stage";
-    EXPECT_NE(r.error().detail().find("metadata must be a JSON object of at most 8192 bytes"), std::string::npos)
-        << r.error().detail();
-  }
+  EXPECT_EQ(r.error().sqlstate(), "23514") << "a CHECK of the stage";
+  EXPECT_NE(r.error().detail().find("metadata must be a JSON object of at most 8192 bytes"), std::string::npos)
+      << r.error().detail();
   EXPECT_TRUE(r.error().detail().ends_with("(the caller's transaction is aborted: roll it back)")) << r.error().detail();
   EXPECT_FALSE(tx->commit());
   EXPECT_EQ(count("jobs"), 0);
@@ -497,11 +493,7 @@ TEST_P(bridge_enqueue, a_copy_enqueue_wakes_an_idle_worker_of_each_queue_with_a_
     woken.emplace_back(n->extra);
     PQfreemem(n);
   }
-  ASSERT_TRUE(std::find(woken.begin(), woken.end(), "now") != woken.end());
-  if (GetParam() != bridge::pqxx) {
-    // enqueue_batch (pqxx) wakes every queue of its batch; the COPY path only those with a job to run.
-    EXPECT_EQ(woken, std::vector<std::string>{"now"}) << "the scheduled job's queue has nothing to run yet";
-  }
+  EXPECT_EQ(woken, std::vector<std::string>{"now"}) << "the scheduled job's queue has nothing to run yet";
 }
 
 TEST_P(bridge_enqueue, through_transaction_pooling_each_copy_enqueue_finds_its_stage_in_its_own_transaction) {
