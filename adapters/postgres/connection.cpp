@@ -318,6 +318,25 @@ std::string int_array(const std::vector<std::int64_t>& v) {
   return s;
 }
 
+std::vector<std::int64_t> int_array_values(std::string_view text) {
+  std::vector<std::int64_t> out;
+  std::int64_t cur = 0;
+  bool in_number = false, negative = false;
+  for (const char c : std::string{text} + ",") {
+    if (c >= '0' && c <= '9') {
+      cur = cur * 10 + (c - '0');
+      in_number = true;
+    } else if (in_number) {
+      out.push_back(negative ? -cur : cur);
+      cur = 0;
+      in_number = negative = false;
+    } else {
+      negative = c == '-';
+    }
+  }
+  return out;
+}
+
 std::string text_array(const std::vector<std::optional<std::string>>& v) {
   std::string s = "{";
   for (std::size_t i = 0; i < v.size(); ++i) {

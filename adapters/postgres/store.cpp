@@ -259,24 +259,14 @@ namespace {
 /// The ids enqueue_copied() answered ('{41,42}'), in input order; errc::protocol_error unless
 /// there are exactly `n`.
 result<std::vector<enqueue_result>> copied_ids(std::string_view text, std::size_t n) {
-  std::vector<enqueue_result> out;
-  out.reserve(n);
-  std::int64_t cur = 0;
-  bool in_number = false;
-  for (char c : text) {
-    if (c >= '0' && c <= '9') {
-      cur = cur * 10 + (c - '0');
-      in_number = true;
-    } else if (in_number) {
-      out.push_back({.id = cur, .inserted = true});
-      cur = 0;
-      in_number = false;
-    }
-  }
-  if (out.size() != n) {
-    tenure::logger()->error("tenure.pg: enqueue_copied answered {} ids for {} jobs", out.size(), n);
+  const auto ids = int_array_values(text);
+  if (ids.size() != n) {
+    tenure::logger()->error("tenure.pg: enqueue_copied answered {} ids for {} jobs", ids.size(), n);
     return errc::protocol_error;
   }
+  std::vector<enqueue_result> out;
+  out.reserve(n);
+  for (const auto id : ids) out.push_back({.id = id, .inserted = true});
   return out;
 }
 

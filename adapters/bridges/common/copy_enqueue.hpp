@@ -59,8 +59,7 @@ result<std::vector<enqueue_result>> try_enqueue_batch(std::span<const new_job> j
   TENURE_TRY(auto stage, run(steps.stage));
   // No stage (the schema's owner may not create temporary tables here): arrays after all.
   if (!stage) return try_enqueue_batch(jobs, options, std::forward<Run>(run));
-  TENURE_TRY(auto sql, postgres::enqueue_copy_statement(stage ? std::optional<std::string_view>{*stage}
-                                                                : std::nullopt));
+  TENURE_TRY(auto sql, postgres::enqueue_copy_statement(*stage));
   const enqueue_statement copy_step{.name = "enqueue COPY", .sql = sql, .jobs = jobs.size()};
   TENURE_TRYV(copy(*stage, copy_step.sql, steps.rows, copy_step));
   TENURE_TRY(auto ids, run(steps.move));

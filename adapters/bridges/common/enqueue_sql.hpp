@@ -204,25 +204,16 @@ inline error failure(const enqueue_statement& st, tx_state before, bool connecti
 /// errc::protocol_error unless there are exactly st.jobs ids.
 inline result<std::vector<enqueue_result>> results_from(const enqueue_statement& st,
                                                         const std::optional<std::string>& text) {
-  std::vector<enqueue_result> out;
-  out.reserve(st.jobs);
-  std::int64_t cur = 0;
-  bool in_number = false, negative = false;
-  for (char c : text.value_or("") + ",") {
-    if (c >= '0' && c <= '9') {
-      cur = cur * 10 + (c - '0');
-      in_number = true;
-    } else if (in_number) {
-      out.push_back({.id = cur, .inserted = !negative});
-      cur = 0;
-      in_number = negative = false;
-    } else {
-      negative = st.signed_ids && c == '-';
-    }
-  }
-  if (out.size() != st.jobs) {
-    tenure::logger()->error("tenure: {} answered {} ids for {} jobs", st.name, out.size(), st.jobs);
+  const auto ids = postgres::int_array_values(text.value_or(""));
+  if (ids.size() != st.jobs) {
+    tenure::logger()->error("tenure: {} answered {} ids for {} jobs", st.name, ids.size(), st.jobs);
     return errc::protocol_error;
+  }
+  std::vector<enqueue_result> out;
+  out.reserve(ids.size());
+  for (const auto id : ids) {
+    const bool held = st.signed_ids && id < 0;
+    out.push_back({.id = held ? -id : id, .inserted = !held});
   }
   return out;
 }

@@ -27,6 +27,9 @@ std::string one_line(std::string_view text);
 
 /// '{1,2,3}' for bigint[] / int[].
 std::string int_array(const std::vector<std::int64_t>& v);
+/// The numbers of a bigint[]'s text ('{41,-7}', or a bare '42'), in order; anything between them
+/// separates them.
+std::vector<std::int64_t> int_array_values(std::string_view text);
 /// '{"a","b\"c",NULL}' for text[] / jsonb[]: every element quoted and escaped.
 std::string text_array(const std::vector<std::optional<std::string>>& v);
 /// '1500000 microseconds' for interval.
