@@ -2,7 +2,8 @@
 # Runs bench/wal_records small against the test cluster (scripts/pg's, whose WAL it reads) and
 # checks each phase's split: one heap delete per job for a claim and for a completion, a heap
 # insert per job in every phase, record bytes that add up to the phase's total, and no schema left;
-# then the same for the append-only prototype (--layout compact): no delete, no row per job.
+# then the same for the append-only prototype (--layout compact): no delete, no row per job; and
+# for the ledger prototype (--layout ledger): no job copied after enqueue, within 350 bytes.
 set -euo pipefail
 script=$1 tenure=$2
 : "${TENURE_TEST_DSN:?the DSN of the test cluster}"
@@ -12,12 +13,15 @@ lines=$("$script" --tenure "$tenure" --jobs 400 --batch 100)
 echo "$lines"
 compact=$("$script" --tenure "$tenure" --jobs 400 --batch 100 --layout compact)
 echo "$compact"
+ledger=$("$script" --tenure "$tenure" --jobs 400 --batch 100 --layout ledger)
+echo "$ledger"
 after=$(psql -X -qAt "$TENURE_TEST_DSN" -c "$count")
-python3 - "$lines" "$before" "$after" "$compact" <<'PY'
+python3 - "$lines" "$before" "$after" "$compact" "$ledger" <<'PY'
 import json, sys
 phases = [json.loads(l) for l in sys.argv[1].splitlines()]
 before, after = int(sys.argv[2]), int(sys.argv[3])
 compact = {p["phase"]: p for p in map(json.loads, sys.argv[4].splitlines())}
+ledger = {p["phase"]: p for p in map(json.loads, sys.argv[5].splitlines())}
 assert [p["phase"] for p in phases] == ["enqueue", "claim", "completion"], phases
 assert all(p["layout"] == "shipped" for p in phases), phases
 assert list(compact) == ["enqueue", "claim", "completion"], compact
@@ -30,6 +34,17 @@ for name in ("claim", "completion"):
     assert c["records"].get("Heap/INSERT", {}).get("records_per_job", 0) < 0.1, c
 assert compact["claim"]["bytes_per_job"] + compact["completion"]["bytes_per_job"] <= 150, compact
 shipped = {p["phase"]: p for p in phases}
+# The ledger layout: a claim deletes the narrow ready row (one delete and one lock per job, as
+# shipped) but copies no job; a completion deletes nothing and writes one narrow row per job; the
+# drain stays within 350 bytes per job; enqueue writes the job and its ready row.
+assert list(ledger) == ["enqueue", "claim", "completion"], ledger
+assert all(p["layout"] == "ledger" for p in ledger.values()), ledger
+assert 1.0 <= ledger["claim"]["records"]["Heap/DELETE"]["records_per_job"] <= 1.02, ledger["claim"]
+assert ledger["claim"]["records"].get("Heap/INSERT", {}).get("records_per_job", 0) < 0.1, ledger["claim"]
+assert "Heap/DELETE" not in ledger["completion"]["records"], ledger["completion"]
+assert 0.99 <= ledger["completion"]["records"]["Heap/INSERT"]["records_per_job"] <= 1.02, ledger["completion"]
+assert ledger["claim"]["bytes_per_job"] + ledger["completion"]["bytes_per_job"] <= 350, ledger
+assert ledger["enqueue"]["records"]["Heap/INSERT"]["records_per_job"] >= 1.9, ledger["enqueue"]
 assert compact["claim"]["bytes_per_job"] < shipped["claim"]["bytes_per_job"] / 2, (compact, shipped)
 for p in phases:
     r = p["records"]
