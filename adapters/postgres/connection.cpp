@@ -356,6 +356,15 @@ std::string text_array(const std::vector<std::optional<std::string>>& v) {
   return s;
 }
 
+std::optional<std::string> json_text(const nlohmann::json& v) {
+  if (v.is_null()) return "{}";
+  try {
+    return v.dump();
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+}
+
 std::string interval_text(std::chrono::microseconds d) {
   return std::to_string(d.count()) + " microseconds";
 }

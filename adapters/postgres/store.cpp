@@ -8,7 +8,6 @@
 
 namespace tenure::postgres {
 
-using detail::args_json;
 using detail::connection;
 using detail::effect;
 using detail::number;
@@ -77,8 +76,8 @@ result<enqueue_result> store::try_enqueue(const new_job& job) {
     return out.front();
   }
   TENURE_TRYV(validate(job));
-  auto args = args_json(job.args);
-  auto metadata = args_json(job.metadata);
+  auto args = json_text(job.args);
+  auto metadata = json_text(job.metadata);
   if (!args || !metadata) return errc::invalid_argument;
   std::vector<param> params{text(job.kind), std::move(args), text(job.queue),
                             number(job.priority),
@@ -149,8 +148,8 @@ result<std::vector<enqueue_result>> store::try_enqueue_batch(std::span<const new
   for (const auto& j : jobs) {
     TENURE_TRYV(validate(j));
     kinds.emplace_back(j.kind);
-    args.emplace_back(args_json(j.args));
-    metadatas.emplace_back(args_json(j.metadata));
+    args.emplace_back(json_text(j.args));
+    metadatas.emplace_back(json_text(j.metadata));
     if (!args.back() || !metadatas.back()) return errc::invalid_argument;
     queues.emplace_back(j.queue);
     priorities.push_back(j.priority);

@@ -35,16 +35,6 @@ struct statements {
 
 inline param text(std::string_view s) { return std::string{s}; }
 
-/// JSON text of a job's args or metadata (null: `{}`); nullopt when they cannot be serialized
-/// (e.g. invalid UTF-8).
-inline std::optional<std::string> args_json(const nlohmann::json& args) {
-  if (args.is_null()) return "{}";
-  try {
-    return args.dump();
-  } catch (const nlohmann::json::exception&) {
-    return std::nullopt;
-  }
-}
 inline param number(std::int64_t v) { return std::to_string(v); }
 
 }  // namespace detail

@@ -59,16 +59,6 @@ inline result<void> check_schema(const sql_options& options) {
                                            "' (use [a-z_][a-z0-9_]*, at most 54 characters)"};
 }
 
-/// JSON text of a job's args or metadata (null: `{}`); nullopt when it cannot be serialized.
-inline std::optional<std::string> json_text(const nlohmann::json& v) {
-  if (v.is_null()) return "{}";
-  try {
-    return v.dump();
-  } catch (const nlohmann::json::exception&) {
-    return std::nullopt;
-  }
-}
-
 /// A driver's error text on one line without its severity ("ERROR:  "): libpq's whole message
 /// spans lines (CONTEXT, ...), of which the first is the server's primary message.
 inline std::string primary_message(std::string_view text) {
@@ -93,8 +83,8 @@ inline result<enqueue_statement> enqueue_statement_for(const new_job& job, const
   if (job.unique_key) return enqueue_batch_statement_for(std::span<const new_job>(&job, 1), options);
   TENURE_TRYV(validate(job));
   TENURE_TRYV(detail::check_schema(options));
-  auto args = detail::json_text(job.args);
-  auto metadata = detail::json_text(job.metadata);
+  auto args = postgres::json_text(job.args);
+  auto metadata = postgres::json_text(job.metadata);
   if (!args || !metadata) return error{errc::invalid_argument, "args or metadata cannot be written as JSON text"};
   return enqueue_statement{
       .name = "enqueue",
@@ -121,8 +111,8 @@ inline result<enqueue_statement> enqueue_batch_statement_for(std::span<const new
     keys.push_back(j.unique_key);
     keyed = keyed || j.unique_key.has_value();
     kinds.emplace_back(j.kind);
-    args.emplace_back(detail::json_text(j.args));
-    metadatas.emplace_back(detail::json_text(j.metadata));
+    args.emplace_back(postgres::json_text(j.args));
+    metadatas.emplace_back(postgres::json_text(j.metadata));
     if (!args.back() || !metadatas.back()) {
       return error{errc::invalid_argument, "args or metadata cannot be written as JSON text"};
     }

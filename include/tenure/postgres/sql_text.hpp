@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "tenure/job.hpp"
 #include "tenure/result.hpp"
 
@@ -32,6 +34,9 @@ std::string int_array(const std::vector<std::int64_t>& v);
 std::vector<std::int64_t> int_array_values(std::string_view text);
 /// '{"a","b\"c",NULL}' for text[] / jsonb[]: every element quoted and escaped.
 std::string text_array(const std::vector<std::optional<std::string>>& v);
+/// JSON text of a job's args or metadata for jsonb ('{}' for null); nullopt when it cannot be
+/// serialized (a string that is not UTF-8).
+std::optional<std::string> json_text(const nlohmann::json& v);
 /// '1500000 microseconds' for interval.
 std::string interval_text(std::chrono::microseconds d);
 /// UTC timestamptz text with microseconds.
