@@ -1,4 +1,5 @@
-// tenure::postgres::store: opening a store, producers (enqueue, the COPY path) and workers (claim to checkpoint).
+// tenure::postgres::store: opening a store, producers (enqueue, the COPY path) and workers
+// (claim to checkpoint).
 #include "store_impl.hpp"
 
 #include <algorithm>
@@ -7,12 +8,6 @@
 #include "tenure/postgres/sql_text.hpp"
 
 namespace tenure::postgres {
-
-using detail::connection;
-using detail::effect;
-using detail::number;
-using detail::param;
-using detail::text;
 
 store::store(std::unique_ptr<impl> p) noexcept : impl_(std::move(p)) {}
 store::~store() = default;

@@ -1,16 +1,11 @@
-// tenure::postgres::store: administration (cancel, retry, read), maintenance (rescue, promotion, evidence), queues, depths and dead rows.
+// tenure::postgres::store: administration (cancel, retry, read), maintenance (rescue, promotion,
+// evidence), queues, their depths and the claim path's dead rows.
 #include "store_impl.hpp"
 
 #include <algorithm>
 #include <cmath>
 
 namespace tenure::postgres {
-
-using detail::connection;
-using detail::effect;
-using detail::number;
-using detail::param;
-using detail::text;
 
 result<bool> store::cancel_job(std::int64_t job_id) {
   TENURE_TRY(auto rows, impl_->run(impl_->st.cancel_job, {number(job_id)}, effect::write));

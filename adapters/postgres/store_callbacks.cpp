@@ -3,11 +3,6 @@
 
 namespace tenure::postgres {
 
-using detail::effect;
-using detail::number;
-using detail::param;
-using detail::text;
-
 namespace {
 /// A callback id must be a UUID: anything else is unknown (false), never a database error.
 bool uuid_text(std::string_view s) {

@@ -39,6 +39,13 @@ inline param number(std::int64_t v) { return std::to_string(v); }
 
 }  // namespace detail
 
+// What the store's files name without detail::.
+using detail::connection;
+using detail::effect;
+using detail::number;
+using detail::param;
+using detail::text;
+
 struct store::impl {
   store_options opt;
   detail::statements st;

@@ -1,4 +1,5 @@
-// tenure::sqlite::store: administration (cancel, retry, read) and maintenance (rescue, promotion, evidence, depths).
+// tenure::sqlite::store: administration (cancel, retry, read) and maintenance (rescue, promotion,
+// evidence, depths).
 #include "rows.hpp"
 
 #include <utility>
