@@ -1426,7 +1426,9 @@ TEST_P(storage_contract, a_unique_key_that_is_empty_too_long_or_has_control_char
                                  std::string{"\xff"}}) {
     const auto one = db().try_enqueue(keyed(key));
     EXPECT_TRUE(fails_with(one, errc::invalid_argument)) << key.size();
-    if (!one) EXPECT_THAT(one.error().detail(), StartsWith("unique_key"));
+    if (!one) {
+      EXPECT_THAT(one.error().detail(), StartsWith("unique_key"));
+    }
     EXPECT_TRUE(fails_with(db().try_enqueue_batch(std::vector{keyed("fine"), keyed(key)}), errc::invalid_argument));
   }
   EXPECT_TRUE(must(db().try_enqueue(keyed(std::string(k_max_unique_key_size, 'x')))).inserted);

@@ -205,7 +205,7 @@ TEST_F(security, producer_enqueues_over_copy_holding_only_insert_on_a_stage_tenu
     as_role.exec("ROLLBACK TO SAVEPOINT probe");
   }
   // Rows the checks refuse never get in.
-  for (const std::string& row : {"(1, '', '{}', 'q', 2, NULL, 25, '{}')", "(1, 'k', '[1]', 'q', 2, NULL, 25, '{}')",
+  for (const char* row : {"(1, '', '{}', 'q', 2, NULL, 25, '{}')", "(1, 'k', '[1]', 'q', 2, NULL, 25, '{}')",
                                  "(1, 'k', '{}', E'q\\n', 2, NULL, 25, '{}')", "(1, 'k', '{}', 'q', 9, NULL, 25, '{}')",
                                  "(1, 'k', '{}', 'q', 2, 'infinity', 25, '{}')", "(1, 'k', '{}', 'q', 2, NULL, 0, '{}')"}) {
     as_role.exec("SAVEPOINT probe");
