@@ -3,32 +3,24 @@
 // handlers, a resumer answers parked callbacks, a canceller cancels running and waiting jobs, and
 // the fault schedule SIGKILLs workers, terminates tenure's backends and restarts the server. Then
 // the faults stop, the queue drains, the workers stop and check() judges the records.
-#include <fcntl.h>
-#include <libpq-fe.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <deque>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <set>
 #include <stdexcept>
 #include <thread>
 
 #include "cli/pg_session.hpp"
+#include "soak/processes.hpp"
+#include "soak/producer.hpp"
 #include "soak/soak.hpp"
 #include "trace/trace.hpp"
-#include "tenure/libpq.hpp"
 #include "tenure/postgres/schema.hpp"
+#include "tenure/postgres/sql_text.hpp"
 
 namespace tenure::soak {
 namespace {
@@ -39,16 +31,6 @@ using clock = std::chrono::steady_clock;
 double seconds_since(clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); }
 double rounded(double v) { return static_cast<double>(static_cast<long>(v * 10 + 0.5)) / 10; }
 
-/// The workload's kinds, with their share of the enqueues.
-struct kind_share {
-  const char* kind;
-  int weight;
-};
-constexpr kind_share k_kinds[] = {
-    {"complete", 30}, {"fail", 5},           {"retry", 8},          {"snooze", 8},          {"deadline", 3},
-    {"park", 8},      {"park_timeout", 4},   {"cancel_running", 4}, {"cancel_waiting", 4},  {"caller_owned", 16},
-};
-constexpr int k_rollback_percent = 10;
 constexpr int k_producers = 4;
 /// Longest an attempt of the workload stays open: the 20 s waits of cancel_running, deadline and
 /// cancel_waiting's callback, the 30 s callback of park, plus the rescue bound (staleness 6 s).
@@ -62,17 +44,6 @@ std::string random_hex(std::uint64_t seed) {
   auto v = rng();
   for (int i = 0; i < 8; ++i, v >>= 4) s += hex[v & 0xf];
   return s;
-}
-
-/// /proc/<pid>/status fields, in MB (0 when the process is gone).
-double proc_status_mb(pid_t pid, const char* field) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  const std::string key = std::string{field} + ":";
-  while (std::getline(status, line)) {
-    if (line.rfind(key, 0) == 0) return std::stod(line.substr(key.size())) / 1024.0;
-  }
-  return 0;
 }
 
 /// A pg_session that reconnects on the next use after any failure; errors are counted, not thrown.
@@ -97,26 +68,25 @@ class session {
   std::unique_ptr<cli::pg_session> db_;
 };
 
-struct worker_slot {
-  pid_t pid = -1;
-  int incarnation = 0;
-  double peak_rss_mb = 0;  ///< the highest VmHWM of any of its incarnations
-};
-
 class soak_run {
  public:
   explicit soak_run(const options& opts) : opts_(opts), n_(names_for("soak_" + random_hex(opts.seed))) {
     char tmpl[] = "/tmp/tenure-soak-XXXXXX";
     if (!::mkdtemp(tmpl)) throw std::runtime_error("soak: mkdtemp failed");
     log_dir_ = tmpl;
+    workers_ = std::make_unique<worker_processes>(opts_, n_, log_dir_, static_cast<std::size_t>(opts_.workers));
   }
 
   nlohmann::json run() {
     setup();
     const auto t0 = clock::now();
-    for (std::size_t i = 0; i < slots_.size(); ++i) spawn(i);
+    for (std::size_t i = 0; i < workers_->size(); ++i) workers_->spawn(i);
     std::vector<std::thread> threads;
-    for (int i = 0; i < k_producers; ++i) threads.emplace_back([this, i] { produce(i); });
+    for (int i = 0; i < k_producers; ++i) {
+      threads.emplace_back([this, i] {
+        produce(opts_, n_, {.index = i, .producers = k_producers}, producing_, producer_errors_, rolled_back_);
+      });
+    }
     std::thread resumer([this] { resume_loop(); });
     std::thread canceller([this] { cancel_loop(); });
     std::thread sampler([this, t0] { sample_loop(t0); });
@@ -127,8 +97,8 @@ class soak_run {
     const double workload_s = seconds_since(t0);
 
     // Drain: every worker alive, no faults, until every committed job is terminal.
-    for (std::size_t i = 0; i < slots_.size(); ++i) {
-      if (!alive(i)) spawn(i);
+    for (std::size_t i = 0; i < workers_->size(); ++i) {
+      if (!workers_->alive(i)) workers_->spawn(i);
     }
     const auto d0 = clock::now();
     bool drained = false;
@@ -147,20 +117,15 @@ class soak_run {
     resumer.join();
     canceller.join();
     sampler.join();
-    stop_workers();
+    workers_->stop_all();
 
     // The jobs of rolled-back transactions, recorded now that nothing else writes.
-    {
-      std::lock_guard lock{mu_};
-      for (std::size_t i = 0; i < rolled_back_.size(); i += 1000) {
-        std::string ids = "{";
-        for (std::size_t k = i; k < std::min(rolled_back_.size(), i + 1000); ++k) {
-          ids += (k > i ? "," : "") + std::to_string(rolled_back_[k]);
-        }
-        ids += "}";
-        if (!db.query("INSERT INTO " + n_.rec + ".rolled_back SELECT unnest($1::bigint[])", {ids})) {
-          throw std::runtime_error("soak: cannot record the rolled-back jobs");
-        }
+    const auto rolled_back = rolled_back_.all();
+    for (std::size_t i = 0; i < rolled_back.size(); i += 1000) {
+      const std::vector<std::int64_t> part(rolled_back.begin() + static_cast<std::ptrdiff_t>(i),
+                                           rolled_back.begin() + static_cast<std::ptrdiff_t>(std::min(rolled_back.size(), i + 1000)));
+      if (!db.query("INSERT INTO " + n_.rec + ".rolled_back SELECT unnest($1::bigint[])", {postgres::int_array(part)})) {
+        throw std::runtime_error("soak: cannot record the rolled-back jobs");
       }
     }
 
@@ -177,22 +142,15 @@ class soak_run {
     out["producer_errors"] = producer_errors_.load();
     out["callbacks_resumed"] = resumed_.load();
     out["cancels_applied"] = cancels_.load();
-    nlohmann::json faults = {{"worker_kills", kills_},
+    nlohmann::json faults = {{"worker_kills", workers_->kills()},
                              {"backend_terminations", terminations_},
                              {"server_restarts", restarts_}};
     if (opts_.restart_command.empty()) faults["skipped"] = {"server_restart: no --restart-command given"};
     out["faults"] = faults;
-    {
-      std::lock_guard lock{mu_};
-      out["worker_exits"] = worker_exits_;
-      out["worker_crashes"] = crashes_;
-    }
-    nlohmann::json peaks = nlohmann::json::array();
-    {
-      std::lock_guard lock{mu_};
-      for (const auto& s : slots_) peaks.push_back(rounded(s.peak_rss_mb));
-    }
-    out["worker_peak_rss_mb"] = peaks;
+    const long crashes = workers_->crashes();
+    out["worker_exits"] = workers_->exits();
+    out["worker_crashes"] = crashes;
+    out["worker_peak_rss_mb"] = workers_->peak_rss_mb();
     out["worker_rss_mb"] = rss_samples_;
     out["tables"] = table_samples_;
     // Every transition the run caused, checked against the protocol model's properties.
@@ -200,7 +158,7 @@ class soak_run {
     if (!traced) throw std::runtime_error("soak: cannot read the transition trace: " + traced.error().message());
     out["trace"] = trace::to_json(traced.value(), 5);
     out["trace_violations"] = traced.value().violations.size();
-    const bool ok = passed(out) && drained && traced.value().ok() && crashes_ == 0;
+    const bool ok = passed(out) && drained && traced.value().ok() && crashes == 0;
     out["ok"] = ok;
     out["logs"] = log_dir_;
     if (ok && !opts_.keep_schema) {
@@ -227,177 +185,6 @@ class soak_run {
     }
     db.query("CREATE INDEX ON " + n_.rec + ".callbacks (created_at) WHERE resolve = 'resume' AND resolved_at IS NULL",
              {}, "soak: setup");
-    slots_.resize(static_cast<std::size_t>(opts_.workers));
-  }
-
-  // ---- worker processes --------------------------------------------------------------------
-  void spawn(std::size_t i) {
-    std::lock_guard lock{mu_};
-    auto& s = slots_[i];
-    const std::string name = "w" + std::to_string(i + 1) + "-" + std::to_string(++s.incarnation);
-    const std::string log = log_dir_ + "/" + name + ".log";
-    const pid_t parent = ::getpid();
-    const pid_t pid = ::fork();
-    if (pid < 0) throw std::runtime_error("soak: fork failed");
-    if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(1);
-      const int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (out >= 0) {
-        ::dup2(out, 1);
-        ::dup2(out, 2);
-      }
-      ::execl(opts_.self_exe.c_str(), opts_.self_exe.c_str(), "soak", "--worker", name.c_str(), "--database-url",
-              opts_.dsn.c_str(), "--schema", n_.tenure.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    s.pid = pid;
-  }
-
-  bool alive(std::size_t i) {
-    std::lock_guard lock{mu_};
-    auto& s = slots_[i];
-    if (s.pid <= 0) return false;
-    int status = 0;
-    if (::waitpid(s.pid, &status, WNOHANG) == s.pid) {
-      s.pid = -1;
-      record_exit(i, status);
-      return false;
-    }
-    return true;
-  }
-
-  /// A worker that ended without being killed: how it ended and the end of its log, for the report.
-  void record_exit(std::size_t i, int status) {
-    const std::string name = "w" + std::to_string(i + 1) + "-" + std::to_string(slots_[i].incarnation);
-    const bool crashed = WIFSIGNALED(status);
-    const std::string how = crashed ? "signal " + std::to_string(WTERMSIG(status))
-                                    : "exit " + std::to_string(WEXITSTATUS(status));
-    std::string tail;
-    if (std::ifstream in{log_dir_ + "/" + name + ".log"}) {
-      std::string line;
-      std::deque<std::string> last;
-      while (std::getline(in, line)) {
-        last.push_back(line);
-        if (last.size() > 3) last.pop_front();
-      }
-      for (const auto& l : last) tail += (tail.empty() ? "" : "\n") + l;
-    }
-    if (crashed) ++crashes_;
-    worker_exits_.push_back({{"worker", name}, {"how", how}, {"log_tail", tail}});
-    std::fprintf(stderr, "soak: worker %s ended by itself (%s): %s\n", name.c_str(), how.c_str(), tail.c_str());
-  }
-
-  void kill_worker(std::size_t i) {
-    pid_t pid;
-    {
-      std::lock_guard lock{mu_};
-      pid = slots_[i].pid;
-      slots_[i].pid = -1;
-    }
-    if (pid <= 0) return;
-    ::kill(pid, SIGKILL);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    ++kills_;
-  }
-
-  void stop_workers() {
-    std::vector<pid_t> pids;
-    {
-      std::lock_guard lock{mu_};
-      for (auto& s : slots_) {
-        if (s.pid > 0) pids.push_back(s.pid), s.pid = -1;
-      }
-    }
-    for (pid_t pid : pids) ::kill(pid, SIGTERM);
-    for (pid_t pid : pids) {
-      const auto until = clock::now() + 15s;
-      int status = 0;
-      while (::waitpid(pid, &status, WNOHANG) == 0) {
-        if (clock::now() > until) {
-          ::kill(pid, SIGKILL);
-          ::waitpid(pid, &status, 0);
-          break;
-        }
-        std::this_thread::sleep_for(50ms);
-      }
-    }
-  }
-
-  // ---- producers -----------------------------------------------------------------------------
-  void produce(int index) {
-    std::mt19937_64 rng{opts_.seed * 1'000'003 + static_cast<std::uint64_t>(index)};
-    int total_weight = 0;
-    for (const auto& k : k_kinds) total_weight += k.weight;
-    const auto gap = std::chrono::duration<double>(k_producers / std::max(0.1, opts_.rate));
-    auto next = clock::now();
-    PGconn* conn = nullptr;
-    const std::string order_sql = "INSERT INTO " + n_.rec + ".orders (job_id, kind, caller_owned) VALUES ($1, $2, $3)";
-    const auto ok = [](PGresult* r) {
-      const bool good = PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK;
-      PQclear(r);
-      return good;
-    };
-    while (producing_) {
-      next += std::chrono::duration_cast<clock::duration>(gap);
-      std::this_thread::sleep_until(next);
-      if (clock::now() - next > 2s) next = clock::now();  // after an outage, do not burst
-      if (conn == nullptr || PQstatus(conn) != CONNECTION_OK) {
-        if (conn) PQfinish(conn);
-        const char* keys[] = {"dbname", "application_name", nullptr};
-        const char* vals[] = {opts_.dsn.c_str(), "soak-producer", nullptr};
-        conn = PQconnectdbParams(keys, vals, 1);
-        if (PQstatus(conn) != CONNECTION_OK) {
-          ++producer_errors_;
-          std::this_thread::sleep_for(200ms);
-          continue;
-        }
-      }
-      int pick = static_cast<int>(rng() % static_cast<std::uint64_t>(total_weight));
-      const char* kind = k_kinds[0].kind;
-      for (const auto& k : k_kinds) {
-        if ((pick -= k.weight) < 0) {
-          kind = k.kind;
-          break;
-        }
-      }
-      const bool rollback = static_cast<int>(rng() % 100) < k_rollback_percent;
-      const std::string kind_text = kind;
-      const bool caller_owned = kind_text == "caller_owned";
-      if (!ok(PQexec(conn, "BEGIN"))) {
-        ++producer_errors_;
-        continue;
-      }
-      auto id = tenure::enqueue(conn,
-                                {.kind = kind_text,
-                                 .args = {{"producer", index}},
-                                 .queue = kind_text == "deadline" ? "soak_deadline" : "soak"},
-                                {.schema = n_.tenure});
-      if (!id) {
-        ++producer_errors_;
-        PQclear(PQexec(conn, "ROLLBACK"));
-        continue;
-      }
-      const std::string id_text = std::to_string(id.value());
-      const char* params[] = {id_text.c_str(), kind, caller_owned ? "true" : "false"};
-      if (!ok(PQexecParams(conn, order_sql.c_str(), 3, nullptr, params, nullptr, nullptr, 0))) {
-        ++producer_errors_;
-        PQclear(PQexec(conn, "ROLLBACK"));
-        std::lock_guard lock{mu_};
-        rolled_back_.push_back(id.value());  // COMMIT was never sent: the job never existed
-        continue;
-      }
-      if (rollback) {
-        PQclear(PQexec(conn, "ROLLBACK"));
-        std::lock_guard lock{mu_};
-        rolled_back_.push_back(id.value());
-        continue;
-      }
-      // A COMMIT whose reply is lost is in doubt: the order row says whether it committed.
-      if (!ok(PQexec(conn, "COMMIT"))) ++producer_errors_;
-    }
-    if (conn) PQfinish(conn);
   }
 
   // ---- callbacks and cancels from outside ------------------------------------------------------
@@ -453,16 +240,7 @@ class soak_run {
       if (clock::now() < next) continue;
       next += every;
       const double t = rounded(seconds_since(t0));
-      nlohmann::json rss = nlohmann::json::array();
-      {
-        std::lock_guard lock{mu_};
-        for (auto& s : slots_) {
-          const double now_mb = s.pid > 0 ? proc_status_mb(s.pid, "VmRSS") : 0;
-          if (s.pid > 0) s.peak_rss_mb = std::max(s.peak_rss_mb, proc_status_mb(s.pid, "VmHWM"));
-          rss.push_back(rounded(now_mb));
-        }
-      }
-      rss_samples_.push_back({{"t_s", t}, {"rss_mb", rss}});
+      rss_samples_.push_back({{"t_s", t}, {"rss_mb", workers_->sample_rss_mb()}});
       auto rows = db.query(
           "SELECT relname, pg_total_relation_size(relid), n_dead_tup FROM pg_stat_user_tables "
           "WHERE schemaname = $1 ORDER BY 2 DESC LIMIT 5",
@@ -494,13 +272,13 @@ class soak_run {
       std::this_thread::sleep_for(100ms);
       const auto now = clock::now();
       // A worker that ended by itself (say, started while the server was restarting) comes back.
-      for (std::size_t i = 0; i < slots_.size(); ++i) {
+      for (std::size_t i = 0; i < workers_->size(); ++i) {
         const bool pending = std::any_of(respawns.begin(), respawns.end(), [&](const auto& r) { return r.second == i; });
-        if (!pending && !alive(i)) respawns.emplace_back(now + 1s, i);
+        if (!pending && !workers_->alive(i)) respawns.emplace_back(now + 1s, i);
       }
       for (auto it = respawns.begin(); it != respawns.end();) {
         if (it->first <= now) {
-          spawn(it->second);
+          workers_->spawn(it->second);
           it = respawns.erase(it);
         } else {
           ++it;
@@ -509,9 +287,9 @@ class soak_run {
       if (now >= next_kill) {
         next_kill += kill_every;
         // Worker 1 is never killed (when there are others), so its memory shows over the whole run.
-        const std::size_t i = slots_.size() == 1 ? 0 : 1 + rng() % (slots_.size() - 1);
-        if (alive(i)) {
-          kill_worker(i);
+        const std::size_t i = workers_->size() == 1 ? 0 : 1 + rng() % (workers_->size() - 1);
+        if (workers_->alive(i)) {
+          workers_->kill(i);
           respawns.emplace_back(now + std::chrono::milliseconds{500 + rng() % 2000}, i);
         }
       }
@@ -529,21 +307,18 @@ class soak_run {
         if (std::system(command.c_str()) == 0) ++restarts_;
       }
     }
-    for (auto& [when, i] : respawns) spawn(i);
+    for (auto& [when, i] : respawns) workers_->spawn(i);
   }
 
   options opts_;
   names n_;
   std::string log_dir_;
-  std::mutex mu_;  // slots_, rolled_back_
-  std::vector<worker_slot> slots_;
-  std::vector<std::int64_t> rolled_back_;
+  std::unique_ptr<worker_processes> workers_;
+  rolled_back_jobs rolled_back_;
   std::atomic<bool> producing_{true};
   std::atomic<bool> running_{true};
   std::atomic<long> producer_errors_{0}, resumed_{0}, cancels_{0};
-  long kills_ = 0, terminations_ = 0, restarts_ = 0;
-  long crashes_ = 0;                                        // guarded by mu_
-  nlohmann::json worker_exits_ = nlohmann::json::array();  // guarded by mu_
+  long terminations_ = 0, restarts_ = 0;
   nlohmann::json rss_samples_ = nlohmann::json::array();
   nlohmann::json table_samples_ = nlohmann::json::array();
 };
