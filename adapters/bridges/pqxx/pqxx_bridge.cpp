@@ -64,7 +64,8 @@ result<void> copy(pqxx::transaction_base& tx, const std::string& stage, std::spa
                   const bridges::enqueue_statement& st) {
   static const std::vector<std::string> columns{"ord",      "kind",   "args",         "queue",
                                                 "priority", "run_at", "max_attempts", "metadata"};
-  const auto json = [](const nlohmann::json& v) { return v.is_null() ? std::string{"{}"} : v.dump(); };
+  // The jobs passed enqueue_copy_rows()' checks, so their JSON has a text form.
+  const auto json = [](const nlohmann::json& v) { return postgres::json_text(v).value(); };
   try {
     pqxx::stream_to out{tx, stage, columns};
     long ord = 0;
