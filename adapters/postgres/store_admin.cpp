@@ -8,13 +8,11 @@
 namespace tenure::postgres {
 
 result<bool> store::cancel_job(std::int64_t job_id) {
-  TENURE_TRY(auto rows, impl_->run(impl_->st.cancel_job, {number(job_id)}, effect::write));
-  return rows.boolean(0, 0);
+  return impl_->yes_no(impl_->st.cancel_job, {number(job_id)});
 }
 
 result<bool> store::retry_job(std::int64_t job_id) {
-  TENURE_TRY(auto rows, impl_->run(impl_->st.retry_job, {number(job_id)}, effect::write));
-  return rows.boolean(0, 0);
+  return impl_->yes_no(impl_->st.retry_job, {number(job_id)});
 }
 
 result<job_info> store::read_job(std::int64_t job_id) {
@@ -118,13 +116,11 @@ result<void> store::configure_queue(std::string_view queue, const queue_settings
 }
 
 result<bool> store::pause_queue(std::string_view queue) {
-  TENURE_TRY(auto rows, impl_->run(impl_->st.pause_queue, {text(queue)}, effect::write));
-  return rows.boolean(0, 0);
+  return impl_->yes_no(impl_->st.pause_queue, {text(queue)});
 }
 
 result<bool> store::resume_queue(std::string_view queue) {
-  TENURE_TRY(auto rows, impl_->run(impl_->st.resume_queue, {text(queue)}, effect::write));
-  return rows.boolean(0, 0);
+  return impl_->yes_no(impl_->st.resume_queue, {text(queue)});
 }
 
 result<void> store::update_queue(std::string_view queue, const queue_changes& c) {

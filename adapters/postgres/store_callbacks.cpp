@@ -52,33 +52,25 @@ result<park_result> store::park_callback(attempt_id attempt, std::string_view ca
 
 result<bool> store::resume_callback(std::string_view callback_id, std::string_view payload_json) {
   if (!uuid_text(callback_id)) return false;
-  TENURE_TRY(auto rows, impl_->run(impl_->st.resume_callback,
-                                   {text(callback_id), payload_json.empty() ? text("{}") : text(payload_json)},
-                                   effect::write));
-  return rows.boolean(0, 0);
+  return impl_->yes_no(impl_->st.resume_callback,
+                       {text(callback_id), payload_json.empty() ? text("{}") : text(payload_json)});
 }
 
 result<bool> store::extend_callback(std::string_view callback_id, std::chrono::microseconds timeout) {
   if (timeout.count() <= 0) return errc::invalid_argument;
   if (!uuid_text(callback_id)) return false;
-  TENURE_TRY(auto rows, impl_->run(impl_->st.extend_callback,
-                                   {text(callback_id), detail::interval_text(timeout)}, effect::write));
-  return rows.boolean(0, 0);
+  return impl_->yes_no(impl_->st.extend_callback, {text(callback_id), detail::interval_text(timeout)});
 }
 
 result<bool> store::complete_callback(std::string_view callback_id, std::optional<std::string> progress_json) {
   if (!uuid_text(callback_id)) return false;
-  TENURE_TRY(auto rows, impl_->run(impl_->st.complete_callback,
-                                   {text(callback_id), progress_json ? param{*progress_json} : std::nullopt},
-                                   effect::write));
-  return rows.boolean(0, 0);
+  return impl_->yes_no(impl_->st.complete_callback,
+                       {text(callback_id), progress_json ? param{*progress_json} : std::nullopt});
 }
 
 result<bool> store::fail_callback(std::string_view callback_id, std::string_view error, bool retry) {
   if (!uuid_text(callback_id)) return false;
-  TENURE_TRY(auto rows, impl_->run(impl_->st.fail_callback,
-                                   {text(callback_id), text(error), retry ? "true" : "false"}, effect::write));
-  return rows.boolean(0, 0);
+  return impl_->yes_no(impl_->st.fail_callback, {text(callback_id), text(error), retry ? "true" : "false"});
 }
 
 }  // namespace tenure::postgres

@@ -105,6 +105,12 @@ struct store::impl {
   result<detail::rows> run(const detail::statement& s, std::vector<detail::param> params, detail::effect e) {
     return with_connection([&](detail::connection& c) { return c.exec(s, params, e); });
   }
+
+  /// run() of a statement that answers one boolean (a function returning whether it acted).
+  result<bool> yes_no(const detail::statement& s, std::vector<detail::param> params) {
+    TENURE_TRY(auto rows, run(s, std::move(params), detail::effect::write));
+    return rows.boolean(0, 0);
+  }
 };
 
 }  // namespace tenure::postgres
