@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <deque>
 #include <fstream>
@@ -30,8 +29,6 @@ double proc_status_mb(pid_t pid, const char* field) {
   }
   return 0;
 }
-
-double rounded(double v) { return std::round(v * 10) / 10; }
 
 }  // namespace
 

@@ -29,7 +29,6 @@ using namespace std::chrono_literals;
 using clock = std::chrono::steady_clock;
 
 double seconds_since(clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); }
-double rounded(double v) { return static_cast<double>(static_cast<long>(v * 10 + 0.5)) / 10; }
 
 constexpr int k_producers = 4;
 /// Longest an attempt of the workload stays open: the 20 s waits of cancel_running, deadline and

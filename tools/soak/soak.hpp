@@ -60,6 +60,9 @@ bool passed(const nlohmann::json& figures);
 /// Runs the soak; returns the JSON line's object ("ok" says whether every check passed).
 nlohmann::json run(const options& opts);
 
+/// `v` to one decimal, for the JSON line's seconds and megabytes.
+inline double rounded(double v) { return static_cast<double>(static_cast<long>(v * 10 + (v < 0 ? -0.5 : 0.5))) / 10; }
+
 /// The hidden worker mode: one worker process (handlers for every kind of the workload) until
 /// SIGTERM. Prints "ready" on stdout once started. Returns the exit status.
 int worker_main(const std::string& dsn, const std::string& tenure_schema, const std::string& name);
