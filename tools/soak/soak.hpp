@@ -5,6 +5,7 @@
 /// end-of-run checks, printed as one JSON line. Everything the workload did is recorded in side
 /// tables of the same database (schema `<schema>_rec`), which the checks read.
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -61,7 +62,7 @@ bool passed(const nlohmann::json& figures);
 nlohmann::json run(const options& opts);
 
 /// `v` to one decimal, for the JSON line's seconds and megabytes.
-inline double rounded(double v) { return static_cast<double>(static_cast<long>(v * 10 + (v < 0 ? -0.5 : 0.5))) / 10; }
+inline double rounded(double v) { return std::round(v * 10) / 10; }
 
 /// The hidden worker mode: one worker process (handlers for every kind of the workload) until
 /// SIGTERM. Prints "ready" on stdout once started. Returns the exit status.
