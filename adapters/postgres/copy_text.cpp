@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tenure/log.hpp"
+#include "tenure/postgres/schema.hpp"
 #include "tenure/postgres/sql_text.hpp"
 
 namespace tenure::postgres {
@@ -63,6 +64,34 @@ result<std::string> enqueue_copy_rows(std::span<const new_job> jobs) {
     out += '\n';
   }
   return out;
+}
+
+result<std::string> enqueue_copy_ready_rows(std::span<const new_job> jobs) {
+  std::string out;
+  out.reserve(jobs.size() * 40);
+  for (const auto& j : jobs) {
+    TENURE_TRYV(validate(j));
+    if (j.unique_key) return error{errc::invalid_argument, "a job with a unique_key cannot be enqueued over COPY"};
+    if (j.run_at) return error{errc::invalid_argument, "a scheduled job cannot be copied straight into ready"};
+    append_field(out, j.kind);
+    out += '\t';
+    if (!append_json(out, j.args)) return error{errc::invalid_argument, "args cannot be written as JSON text"};
+    out += '\t';
+    append_field(out, j.queue);
+    out += '\t';
+    out += std::to_string(j.priority);
+    out += '\t';
+    out += std::to_string(j.max_attempts);
+    out += '\t';
+    if (!append_json(out, j.metadata)) return error{errc::invalid_argument, "metadata cannot be written as JSON text"};
+    out += '\n';
+  }
+  return out;
+}
+
+result<std::string> enqueue_copy_ready_statement(std::string_view schema) {
+  if (!valid_schema_name(schema)) return error{errc::invalid_argument, "invalid schema name '" + std::string{schema} + "'"};
+  return "COPY " + std::string{schema} + ".ready (kind, args, queue, priority, max_attempts, metadata) FROM STDIN";
 }
 
 result<std::string> enqueue_copy_statement(std::optional<std::string_view> stage) {

@@ -288,7 +288,10 @@ grant_list grants_of(grant_kind kind) {
     case grant_kind::producer:
       out.functions = {"enqueue(text, jsonb, text, int, timestamptz, int, jsonb, text)",
                        "enqueue_batch(text[], jsonb[], text[], int[], timestamptz[], int[], jsonb[], text[])",
-                       "enqueue_copy_stage()", "enqueue_copied()"};
+                       "enqueue_copy_stage()", "enqueue_copied()", "enqueue_copy_target(boolean)",
+                       "enqueue_copied_ready(int)"};
+      out.inserts = {"ready.kind", "ready.args", "ready.queue", "ready.priority", "ready.max_attempts", "ready.metadata"};
+      out.sequences = {"job_id_seq"};
       break;
     case grant_kind::callback:
       out.functions = {"resume_callback(uuid, jsonb)", "extend_callback(uuid, interval)",
@@ -345,10 +348,15 @@ result<void> grant(std::string_view dsn, grant_kind kind, std::string_view role,
   }
   const std::string s{schema};
   const std::string r = c->quote_ident(role);
-  const auto [functions, selects] = grants_of(kind);
+  const auto list = grants_of(kind);
   std::string sql = "BEGIN; GRANT USAGE ON SCHEMA " + s + " TO " + r + ";";
-  for (const auto& f : functions) sql += " GRANT EXECUTE ON FUNCTION " + s + "." + f + " TO " + r + ";";
-  for (const auto& t : selects) sql += " GRANT SELECT ON " + s + "." + t + " TO " + r + ";";
+  for (const auto& f : list.functions) sql += " GRANT EXECUTE ON FUNCTION " + s + "." + f + " TO " + r + ";";
+  for (const auto& t : list.selects) sql += " GRANT SELECT ON " + s + "." + t + " TO " + r + ";";
+  for (const auto& column : list.inserts) {
+    const auto dot = column.find('.');
+    sql += " GRANT INSERT (" + column.substr(dot + 1) + ") ON TABLE " + s + "." + column.substr(0, dot) + " TO " + r + ";";
+  }
+  for (const auto& q : list.sequences) sql += " GRANT USAGE ON SEQUENCE " + s + "." + q + " TO " + r + ";";
   sql += " COMMIT;";
   auto done = c->exec_script(sql, effect::write);
   if (!done) {

@@ -71,8 +71,9 @@ statements::statements(const std::string& s)
                 "CROSS JOIN (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) r "
                 "WHERE s.schemaname = $1 AND s.relname IN ('ready', 'receipts') AND s.n_dead_tup >= $2::bigint "
                 "ORDER BY s.relname"},
-      copy_stage{"tenure_enqueue_copy_stage", "SELECT " + s + ".enqueue_copy_stage()"},
+      copy_target{"tenure_enqueue_copy_target", "SELECT " + s + ".enqueue_copy_target($1::boolean)"},
       copy_move{"tenure_enqueue_copied", "SELECT " + s + ".enqueue_copied()"},
+      copy_ready_ids{"tenure_enqueue_copied_ready", "SELECT " + s + ".enqueue_copied_ready($1::int)"},
       queue_depths{"tenure_queue_depths", "SELECT queue, available, scheduled, retryable, running, waiting_external, " +
                                               epoch_us("oldest_available") + " FROM " + s + ".queue_depths()"} {}
 

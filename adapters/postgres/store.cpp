@@ -100,11 +100,13 @@ result<std::vector<enqueue_result>> copied_ids(std::string_view text, std::size_
 
 }  // namespace
 
-/// Many keyless jobs in one transaction of the store's: COPY into the session's stage, then one
-/// move (schema migration 22). The commit is the write: lost there, errc::commit_in_doubt.
-/// nullopt, with nothing written, when the server offers no stage or the session is not UTF-8.
+/// Many keyless jobs in one transaction of the store's: COPY straight into `ready` when none is
+/// scheduled (schema migration 23), else into the session's stage and one move (migration 22).
+/// The commit is the write: lost there, errc::commit_in_doubt. nullopt, with nothing written, when
+/// the server offers nowhere to COPY or the session is not UTF-8.
 result<std::optional<std::vector<enqueue_result>>> store::copy_enqueue(std::span<const new_job> jobs) {
-  TENURE_TRY(auto data, enqueue_copy_rows(jobs));
+  const bool scheduled = std::any_of(jobs.begin(), jobs.end(), [](const new_job& j) { return j.run_at.has_value(); });
+  TENURE_TRY(auto data, scheduled ? enqueue_copy_rows(jobs) : enqueue_copy_ready_rows(jobs));
   return impl_->with_connection([&](connection& c) -> result<std::optional<std::vector<enqueue_result>>> {
     // COPY's text format is escaped byte by byte: only on a UTF-8 session (a client-only multibyte
     // encoding such as SJIS would break it).
@@ -113,14 +115,31 @@ result<std::optional<std::vector<enqueue_result>>> store::copy_enqueue(std::span
     }
     TENURE_TRY(auto begun, c.exec_script("BEGIN", effect::read));
     (void)begun;
-    TENURE_TRY(auto stage, c.exec(impl_->st.copy_stage, {}, effect::read));
-    // No stage (the schema's owner may not create temporary tables here): the caller sends arrays
-    // after all. The empty transaction ends when the connection goes back to the pool.
-    if (stage.size() == 1 && stage.is_null(0, 0)) return std::optional<std::vector<enqueue_result>>{};
-    TENURE_TRY(auto copy_sql, enqueue_copy_statement(stage.size() == 1 ? std::optional<std::string_view>{stage.text(0, 0)}
-                                                                       : std::nullopt));
+    TENURE_TRY(auto target, c.exec(impl_->st.copy_target, {param{scheduled ? "true" : "false"}}, effect::read));
+    // Nowhere to COPY (no stage: the schema's owner may not create temporary tables here): the
+    // caller sends arrays after all. The empty transaction ends when the connection goes back to
+    // the pool.
+    if (target.size() == 1 && target.is_null(0, 0)) return std::optional<std::vector<enqueue_result>>{};
+    if (target.size() != 1) return errc::protocol_error;
+    const std::string table{target.text(0, 0)};
+    const bool ready = table == impl_->opt.schema + ".ready" && !scheduled;
+    std::string copy_sql;
+    if (ready) {
+      TENURE_TRY(auto sql, enqueue_copy_ready_statement(impl_->opt.schema));
+      copy_sql = std::move(sql);
+    } else {
+      TENURE_TRY(auto sql, enqueue_copy_statement(table));
+      copy_sql = std::move(sql);
+      // Not offered `ready` (this role lacks its column grants): the stage's rows after all.
+      if (!scheduled) {
+        TENURE_TRY(auto staged, enqueue_copy_rows(jobs));
+        data = std::move(staged);
+      }
+    }
     TENURE_TRYV(c.copy_in(copy_sql, data, effect::read));
-    TENURE_TRY(auto moved, c.exec(impl_->st.copy_move, {}, effect::read));
+    TENURE_TRY(auto moved, ready ? c.exec(impl_->st.copy_ready_ids, {number(static_cast<std::int64_t>(jobs.size()))},
+                                          effect::read)
+                                 : c.exec(impl_->st.copy_move, {}, effect::read));
     if (moved.size() != 1 || moved.is_null(0, 0)) return errc::protocol_error;
     TENURE_TRY(auto out, copied_ids(moved.text(0, 0), jobs.size()));
     TENURE_TRY(auto committed, c.exec_script("COMMIT", effect::write));

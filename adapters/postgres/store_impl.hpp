@@ -30,7 +30,8 @@ struct statements {
   statement enqueue, enqueue_batch, claim, heartbeat, complete, fail, snooze, cancel_attempt, checkpoint, register_callback,
       await_callback, park_callback, resume_callback, extend_callback, complete_callback, fail_callback, cancel_job,
       retry_job, read_job, rescue, promote, maintain, evidence, evidence_batch, version, configure_queue,
-      pause_queue, resume_queue, update_queue, dead_rows, copy_stage, copy_move, queue_depths;
+      pause_queue, resume_queue, update_queue, dead_rows, copy_target, copy_move, copy_ready_ids,
+      queue_depths;
 };
 
 inline param text(std::string_view s) { return std::string{s}; }

@@ -34,11 +34,13 @@ result<std::int64_t> enqueue(PGconn* conn, const new_job& job, const sql_options
 /// Enqueues many jobs on `conn` with one `<schema>.enqueue_batch(...)` statement over arrays
 /// (never a statement per job); ids in input order. All or nothing: one invalid job refuses the
 /// batch before anything is sent. Otherwise as enqueue(). Inside a transaction, a batch of at
-/// least options.copy_threshold jobs without unique keys goes through COPY instead: the jobs into
-/// a stage of the session (`<schema>.enqueue_copy_stage()`, a temporary table tenure owns that
-/// checks each job as enqueue_batch does) and one `<schema>.enqueue_copied()` moving them into the
-/// job tables; same answer, same all-or-nothing (a job the stage refuses aborts the caller's
-/// transaction, as any refused statement does).
+/// least options.copy_threshold jobs without unique keys goes through COPY instead: jobs to run now
+/// straight into `<schema>.ready` (whose constraints check each job as enqueue_batch does) and their
+/// ids read back with `<schema>.enqueue_copied_ready(n)`; a batch with a scheduled job into a stage
+/// of the session (`<schema>.enqueue_copy_stage()`, a temporary table tenure owns with the same
+/// checks) and one `<schema>.enqueue_copied()` moving them into the job tables. Same answer, same
+/// all-or-nothing (a job a check refuses aborts the caller's transaction, as any refused statement
+/// does).
 result<std::vector<std::int64_t>> enqueue_batch(PGconn* conn, std::span<const new_job> jobs,
                                                 const sql_options& options = {});
 

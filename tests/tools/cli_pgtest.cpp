@@ -1311,9 +1311,11 @@ TEST_F(cli_pg, bench_runtime_times_the_callers_array_and_copy_enqueue_side_by_si
   EXPECT_EQ(in_own.exec("SELECT count(*) FROM " + schema + ".ready WHERE queue = 'bench_enqueue'"), "42000");
   in_own.exec("SELECT pg_stat_clear_snapshot()");
   EXPECT_EQ(in_own.exec("SELECT string_agg(funcname || ' ' || calls, ', ' ORDER BY funcname) FROM pg_stat_user_functions "
-                        "WHERE schemaname = '" + schema + "' AND funcname IN ('enqueue_batch', 'enqueue_copied')"),
-            "enqueue_batch 22, enqueue_copied 21")
-      << "arrays and COPY took turns, each batch in its own path (and one batch enqueued the drain's 300 jobs)";
+                        "WHERE schemaname = '" + schema + "' AND funcname IN ('enqueue_batch', 'enqueue_copied', "
+                        "'enqueue_copied_ready')"),
+            "enqueue_batch 22, enqueue_copied_ready 21")
+      << "arrays and COPY took turns, each batch in its own path (and one batch enqueued the drain's 300 jobs); "
+         "jobs to run now are copied straight into ready";
 }
 
 TEST_F(cli_pg, bench_runtime_splits_the_drain_wal_between_claims_completions_and_the_rest) {
@@ -1674,12 +1676,16 @@ TEST_F(cli_doctor, a_stale_open_attempt_with_no_rescue_running_is_named) {
 
 TEST_F(cli_doctor, an_old_available_job_is_named_per_queue_and_printed_safely) {
   migrate();
-  // enqueue refuses control characters in a queue name; a row written by hand may hold one.
+  // enqueue and ready's constraints refuse control characters in a queue name; a row of a schema
+  // older than those constraints, written by hand, may hold one.
   const std::string queue = "mail\x1b[2J";
   enqueue({"send_email", "--queue", "mail"});
   enqueue({"send_email", "--queue", "fresh"});
-  db_->exec("UPDATE " + schema_ + ".ready SET run_at = now() - interval '2 hours', queue = 'mail' || chr(27) || '[2J' "
-            "WHERE queue = 'mail'");
+  const std::string rule = "\"queue must be 1..128 characters without control characters\"";
+  db_->exec("BEGIN; ALTER TABLE " + schema_ + ".ready DROP CONSTRAINT " + rule + "; UPDATE " + schema_ +
+            ".ready SET run_at = now() - interval '2 hours', queue = 'mail' || chr(27) || '[2J' WHERE queue = 'mail'; "
+            "ALTER TABLE " + schema_ + ".ready ADD CONSTRAINT " + rule +
+            " CHECK (queue <> '' AND length(queue) <= 128 AND queue !~ '[[:cntrl:]]') NOT VALID; COMMIT");
   auto [r, doc] = doctor();
   EXPECT_EQ(r.exit_code, 1) << r;
   const auto f = finding_with(doc, "queue_age", "warning", "oldest available job has waited 2h");

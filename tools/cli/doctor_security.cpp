@@ -16,28 +16,37 @@ std::string joined(const std::vector<std::string>& items) {
   return out;
 }
 
-/// Everything any `tenure grant-*` gives, as newline-separated lists for the privilege query.
-std::pair<std::string, std::string> granted_by_any_kind() {
-  std::vector<std::string> functions, selects;
+/// Everything any `tenure grant-*` gives, as newline-separated lists for the privilege query:
+/// function signatures, relations granted SELECT, and "<privilege> <relation>[.<column>]" for the
+/// column and sequence grants.
+struct granted_lists {
+  std::string functions, selects, others;
+};
+granted_lists granted_by_any_kind() {
+  std::vector<std::string> functions, selects, others;
   for (auto kind : {postgres::grant_kind::finalizer, postgres::grant_kind::producer, postgres::grant_kind::worker,
                     postgres::grant_kind::callback, postgres::grant_kind::admin}) {
     auto list = postgres::grants_of(kind);
     functions.insert(functions.end(), list.functions.begin(), list.functions.end());
     selects.insert(selects.end(), list.selects.begin(), list.selects.end());
+    for (const auto& c : list.inserts) others.push_back("INSERT " + c);
+    for (const auto& q : list.sequences) others.push_back("USAGE " + q);
   }
-  return {joined(functions), joined(selects)};
+  return {joined(functions), joined(selects), joined(others)};
 }
 
 // Every ACL entry on the schema and on what is in it, for PUBLIC or a role that is not the
 // object's owner, with the revoke statement (less its grantee) that takes it away. A NULL ACL
 // is the object's default (acldefault): for a function, EXECUTE for PUBLIC.
-//   $1 schema, $2 functions (newline-separated signatures), $3 relations (newline-separated)
+//   $1 schema, $2 functions (newline-separated signatures), $3 relations (newline-separated),
+//   $4 column and sequence grants ("INSERT ready.kind", "USAGE job_id_seq"; newline-separated)
 constexpr const char* k_privileges_sql = R"SQL(
 WITH n AS (SELECT oid, nspname, nspowner, nspacl FROM pg_catalog.pg_namespace WHERE nspname = $1),
 allowed_f AS (SELECT pg_catalog.to_regprocedure(pg_catalog.quote_ident($1) || '.' || f)::oid AS oid
                 FROM pg_catalog.unnest(pg_catalog.string_to_array($2, E'\n')) f),
 allowed_r AS (SELECT pg_catalog.to_regclass(pg_catalog.quote_ident($1) || '.' || r)::oid AS oid
                 FROM pg_catalog.unnest(pg_catalog.string_to_array($3, E'\n')) r),
+allowed_o AS (SELECT pg_catalog.string_to_array($4, E'\n') AS list),
 acl AS (
   SELECT 'schema'::text AS kind, pg_catalog.quote_ident(n.nspname) AS object, n.nspowner AS owner,
          a.grantee, a.privilege_type, a.is_grantable, a.privilege_type = 'USAGE' AS allowed,
@@ -55,7 +64,8 @@ acl AS (
   SELECT CASE c.relkind WHEN 'S' THEN 'sequence' WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view'
                         ELSE 'table' END,
          c.oid::pg_catalog.regclass::text, c.relowner, a.grantee, a.privilege_type, a.is_grantable,
-         a.privilege_type = 'SELECT' AND c.oid IN (SELECT oid FROM allowed_r WHERE oid IS NOT NULL),
+         (a.privilege_type = 'SELECT' AND c.oid IN (SELECT oid FROM allowed_r WHERE oid IS NOT NULL))
+         OR a.privilege_type || ' ' || c.relname = ANY ((SELECT list FROM allowed_o)::text[]),
          pg_catalog.format('REVOKE %s ON %s %s', a.privilege_type,
                            CASE c.relkind WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END, c.oid::pg_catalog.regclass)
     FROM n JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f'),
@@ -64,7 +74,8 @@ acl AS (
                                                               c.relowner))) a
   UNION ALL
   SELECT 'column', pg_catalog.format('%s.%I', c.oid::pg_catalog.regclass, t.attname), c.relowner,
-         a.grantee, a.privilege_type, a.is_grantable, false,
+         a.grantee, a.privilege_type, a.is_grantable,
+         a.privilege_type || ' ' || c.relname || '.' || t.attname = ANY ((SELECT list FROM allowed_o)::text[]),
          pg_catalog.format('REVOKE %s (%I) ON TABLE %s', a.privilege_type, t.attname, c.oid::pg_catalog.regclass)
     FROM n JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid
            JOIN pg_catalog.pg_attribute t ON t.attrelid = c.oid AND t.attnum > 0 AND NOT t.attisdropped
@@ -160,8 +171,8 @@ findings check_schema_control(const settings& s) {
 }
 
 findings check_privileges(pg_session& db, const settings& s) {
-  const auto [functions, selects] = granted_by_any_kind();
-  const auto rows = db.query(k_privileges_sql, {s.schema, functions, selects}, "cannot read the privileges");
+  const auto [functions, selects, others] = granted_by_any_kind();
+  const auto rows = db.query(k_privileges_sql, {s.schema, functions, selects, others}, "cannot read the privileges");
   findings problems;
   for (const auto& r : rows) {
     const std::string kind = text_of(r[0]), object = text_of(r[1]), role = text_of(r[2]), privilege = text_of(r[3]);

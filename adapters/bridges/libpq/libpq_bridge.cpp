@@ -102,8 +102,8 @@ result<std::vector<std::int64_t>> enqueue_batch(PGconn* conn, std::span<const ne
   return bridges::enqueue_batch(
       jobs, for_connection(conn, options), conn ? state_of(conn) : bridges::tx_state::unknown,
       [conn](const bridges::enqueue_statement& st) { return run(conn, st); },
-      [conn](const std::string&, const std::string& sql, const std::string& rows, const bridges::enqueue_statement& st) {
-        return copy(conn, sql, rows, st);
+      [conn](const bridges::copy_into& into, const std::string& rows, const bridges::enqueue_statement& st) {
+        return copy(conn, into.sql, rows, st);
       });
 }
 
@@ -116,8 +116,8 @@ result<std::vector<enqueue_result>> try_enqueue_batch(PGconn* conn, std::span<co
   return bridges::try_enqueue_batch(
       jobs, for_connection(conn, options), conn ? state_of(conn) : bridges::tx_state::unknown,
       [conn](const bridges::enqueue_statement& st) { return run(conn, st); },
-      [conn](const std::string&, const std::string& sql, const std::string& rows, const bridges::enqueue_statement& st) {
-        return copy(conn, sql, rows, st);
+      [conn](const bridges::copy_into& into, const std::string& rows, const bridges::enqueue_statement& st) {
+        return copy(conn, into.sql, rows, st);
       });
 }
 

@@ -58,20 +58,25 @@ bridges::answer run(pqxx::transaction_base& tx, const bridges::enqueue_statement
   }
 }
 
-/// COPY of `jobs` into the session's `stage` in the caller's transaction, through pqxx::stream_to
-/// (which escapes each field), in the columns postgres::enqueue_copy_statement() lists.
-result<void> copy(pqxx::transaction_base& tx, const std::string& stage, std::span<const new_job> jobs,
+/// COPY of `jobs` into `into.table` (`ready`, or the session's stage) in the caller's transaction,
+/// through pqxx::stream_to (which escapes each field), in the columns
+/// postgres::enqueue_copy_ready_statement() or enqueue_copy_statement() lists.
+result<void> copy(pqxx::transaction_base& tx, const bridges::copy_into& into, std::span<const new_job> jobs,
                   const bridges::enqueue_statement& st) {
-  static const std::vector<std::string> columns{"ord",      "kind",   "args",         "queue",
-                                                "priority", "run_at", "max_attempts", "metadata"};
+  static const std::vector<std::string> stage_columns{"ord",      "kind",   "args",         "queue",
+                                                      "priority", "run_at", "max_attempts", "metadata"};
+  static const std::vector<std::string> ready_columns{"kind",     "args",         "queue",
+                                                      "priority", "max_attempts", "metadata"};
   // The jobs passed enqueue_copy_rows()' checks, so their JSON has a text form.
   const auto json = [](const nlohmann::json& v) { return postgres::json_text(v).value(); };
   try {
-    pqxx::stream_to out{tx, stage, columns};
+    pqxx::stream_to out{tx, into.table, into.ready ? ready_columns : stage_columns};
     long ord = 0;
     for (const auto& j : jobs) {
       ++ord;
-      if (j.run_at) {
+      if (into.ready) {
+        out << std::make_tuple(j.kind, json(j.args), j.queue, j.priority, j.max_attempts, json(j.metadata));
+      } else if (j.run_at) {
         out << std::make_tuple(ord, j.kind, json(j.args), j.queue, j.priority, postgres::timestamp_text(*j.run_at),
                                j.max_attempts, json(j.metadata));
       } else {
@@ -113,8 +118,9 @@ result<std::vector<std::int64_t>> enqueue_batch(pqxx::transaction_base& tx, std:
                                                 const sql_options& options) {
   return bridges::enqueue_batch(
       jobs, options, copy_state(tx), [&tx](const bridges::enqueue_statement& st) { return run(tx, st); },
-      [&tx, jobs](const std::string& stage, const std::string&, const std::string&,
-                  const bridges::enqueue_statement& st) { return copy(tx, stage, jobs, st); });
+      [&tx, jobs](const bridges::copy_into& into, const std::string&, const bridges::enqueue_statement& st) {
+        return copy(tx, into, jobs, st);
+      });
 }
 
 result<enqueue_result> try_enqueue(pqxx::transaction_base& tx, const new_job& job, const sql_options& options) {
@@ -125,8 +131,9 @@ result<std::vector<enqueue_result>> try_enqueue_batch(pqxx::transaction_base& tx
                                                       const sql_options& options) {
   return bridges::try_enqueue_batch(
       jobs, options, copy_state(tx), [&tx](const bridges::enqueue_statement& st) { return run(tx, st); },
-      [&tx, jobs](const std::string& stage, const std::string&, const std::string&,
-                  const bridges::enqueue_statement& st) { return copy(tx, stage, jobs, st); });
+      [&tx, jobs](const bridges::copy_into& into, const std::string&, const bridges::enqueue_statement& st) {
+        return copy(tx, into, jobs, st);
+      });
 }
 
 result<finalization_receipt> complete_in_tx(pqxx::transaction_base& tx, const finalization_token& token,

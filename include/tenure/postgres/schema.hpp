@@ -49,7 +49,7 @@ result<int> installed_schema_version(std::string_view dsn, std::string_view sche
 /// Roles tenure knows how to grant.
 enum class grant_kind {
   finalizer,  ///< USAGE + EXECUTE on complete_job only
-  producer,   ///< USAGE + EXECUTE on enqueue and enqueue_batch
+  producer,   ///< USAGE + EXECUTE on enqueue, enqueue_batch and the COPY path, INSERT on six columns of ready
   worker,     ///< everything a worker runtime calls, plus SELECT on the jobs view
   callback,   ///< USAGE + EXECUTE on resume/extend/complete/fail_callback (external systems)
   admin,      ///< USAGE + EXECUTE on pause_queue, resume_queue, configure_queue, list_queues, schedule_upsert,
@@ -57,12 +57,15 @@ enum class grant_kind {
 };
 
 /// What grant() gives a role of one kind besides USAGE on the schema: EXECUTE on `functions`
-/// (name and argument types as SQL spells them, e.g. "complete_job(text, jsonb)") and SELECT on
-/// `selects` (a view and a table), all in the tenure schema. A health check compares the
-/// privileges roles hold with these.
+/// (name and argument types as SQL spells them, e.g. "complete_job(text, jsonb)"), SELECT on
+/// `selects` (a view and a table), INSERT on the columns `inserts` names ("ready.kind"), and
+/// USAGE on `sequences`, all in the tenure schema. A health check compares the privileges roles
+/// hold with these.
 struct grant_list {
   std::vector<std::string> functions;
   std::vector<std::string> selects;
+  std::vector<std::string> inserts;
+  std::vector<std::string> sequences;
 };
 grant_list grants_of(grant_kind kind);
 

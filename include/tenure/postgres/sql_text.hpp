@@ -52,4 +52,13 @@ result<std::string> enqueue_copy_rows(std::span<const new_job> jobs);
 /// (only `pg_temp.tenure_enqueue_<digits>` is ever pasted into SQL).
 result<std::string> enqueue_copy_statement(std::optional<std::string_view> stage);
 
+/// The bulk enqueue straight into `ready` (schema migration 23): `jobs` as the rows of COPY's
+/// text format in the columns enqueue_copy_ready_statement() lists, in input order (the ids are
+/// drawn row by row as COPY reads them). errc::invalid_argument with validate()'s detail, or for a
+/// job with a unique_key or a run_at (those go through the stage or enqueue_batch).
+result<std::string> enqueue_copy_ready_rows(std::span<const new_job> jobs);
+/// `COPY <schema>.ready (kind, args, queue, priority, max_attempts, metadata) FROM STDIN`;
+/// errc::invalid_argument for a schema name valid_schema_name() refuses.
+result<std::string> enqueue_copy_ready_statement(std::string_view schema);
+
 }  // namespace tenure::postgres

@@ -48,8 +48,9 @@ struct store_options {
   /// options().pool_mode says which one `detect` chose.
   postgres::pool_mode pool_mode = postgres::pool_mode::detect;
   /// enqueue_batch() of at least this many jobs, none with a unique key, runs as one transaction
-  /// of COPY into the session's stage and one move (as the libpq bridge does inside a caller's
-  /// transaction; see sql_options::copy_threshold). 0: always one enqueue_batch statement.
+  /// of COPY straight into `ready` (none scheduled) or into the session's stage and one move (as
+  /// the libpq bridge does inside a caller's transaction; see sql_options::copy_threshold).
+  /// 0: always one enqueue_batch statement.
   std::size_t copy_threshold = 1000;
 };
 

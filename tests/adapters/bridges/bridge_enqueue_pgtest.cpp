@@ -332,7 +332,8 @@ TEST_P(bridge_enqueue, a_producer_waits_for_an_uncommitted_holder_and_inserts_on
 std::string paths_called(caller_tx& tx, const std::string& schema) {
   return tx.scalar("SELECT 'batch ' || coalesce(pg_stat_get_xact_function_calls('" + schema +
                    ".enqueue_batch'::regproc), 0) || ', copied ' || coalesce(pg_stat_get_xact_function_calls('" +
-                   schema + ".enqueue_copied'::regproc), 0)");
+                   schema + ".enqueue_copied'::regproc), 0) || ', ready ' || coalesce(pg_stat_get_xact_function_calls('" +
+                   schema + ".enqueue_copied_ready'::regproc), 0)");
 }
 
 TEST_P(bridge_enqueue, a_large_batch_inside_a_transaction_goes_through_copy_with_ids_in_input_order) {
@@ -353,7 +354,7 @@ TEST_P(bridge_enqueue, a_large_batch_inside_a_transaction_goes_through_copy_with
   auto ids = tx->enqueue_batch(jobs, opts_);
   ASSERT_TRUE(ids) << ids.error().message();
   ASSERT_EQ(ids.value().size(), jobs.size());
-  EXPECT_EQ(paths_called(*tx, schema_.name()), "batch 0, copied 1");
+  EXPECT_EQ(paths_called(*tx, schema_.name()), "batch 0, copied 1, ready 0") << "a scheduled job: through the stage";
   EXPECT_EQ(count("jobs"), 0) << "invisible before the caller commits";
   ASSERT_TRUE(tx->commit());
   EXPECT_EQ(count("jobs"), 2'500);
@@ -377,6 +378,162 @@ TEST_P(bridge_enqueue, a_large_batch_inside_a_transaction_goes_through_copy_with
   EXPECT_EQ(nlohmann::json::parse(check_.scalar("SELECT metadata::text FROM " + s("jobs") + " WHERE id = $1",
                                                 {std::to_string(ids.value()[11])})),
             jobs[11].metadata);
+}
+
+TEST_P(bridge_enqueue, a_batch_of_jobs_to_run_now_is_copied_straight_into_ready_with_ids_in_input_order) {
+  std::vector<new_job> jobs;
+  for (int i = 0; i < 2'500; ++i) {
+    jobs.push_back({.kind = i % 3 ? "k" : "k\\slash",
+                    .args = {{"i", i}, {"text", "tab\tnew\nline \\ \"quote\" {,} \u00e9\u2713"}},
+                    .queue = i % 2 ? "odd" : "even",
+                    .priority = 1 + i % 4,
+                    .max_attempts = 1 + i % 7});
+  }
+  jobs[11].metadata = {{"traceparent", "00-4bf9-01"}, {"tab", "a\tb"}};
+  auto tx = open_tx();
+  tx->begin();
+  tx->exec(insert_order());
+  tx->exec("SET LOCAL track_functions = 'pl'");
+  auto ids = tx->enqueue_batch(jobs, opts_);
+  ASSERT_TRUE(ids) << ids.error().message();
+  ASSERT_EQ(ids.value().size(), jobs.size());
+  EXPECT_EQ(paths_called(*tx, schema_.name()), "batch 0, copied 0, ready 1");
+  EXPECT_EQ(tx->scalar("SELECT to_regclass('pg_temp.tenure_enqueue_' || '" + schema_.name() +
+                       "'::regnamespace::oid) IS NULL"),
+            "t")
+      << "no stage was made in this session";
+  EXPECT_EQ(count("jobs"), 0) << "invisible before the caller commits";
+  ASSERT_TRUE(tx->commit());
+  EXPECT_EQ(count("jobs"), 2'500);
+  EXPECT_EQ(count("orders"), 1);
+  EXPECT_TRUE(std::is_sorted(ids.value().begin(), ids.value().end()));
+  EXPECT_EQ(std::adjacent_find(ids.value().begin(), ids.value().end()), ids.value().end());
+  for (std::size_t i = 0; i < jobs.size(); i += 97) {
+    const auto row = check_.query("SELECT kind, args::text, queue, priority, max_attempts, metadata::text, state, "
+                                  "attempt, run_at = created_at FROM " + s("jobs") + " WHERE id = $1",
+                                  {std::to_string(ids.value()[i])});
+    ASSERT_TRUE(row.ok && row.rows.size() == 1) << i;
+    EXPECT_EQ(row.at(0, 0), jobs[i].kind) << i;
+    EXPECT_EQ(nlohmann::json::parse(row.at(0, 1)), jobs[i].args) << i;
+    EXPECT_EQ(row.at(0, 2), jobs[i].queue) << i;
+    EXPECT_EQ(row.at(0, 3), std::to_string(jobs[i].priority)) << i;
+    EXPECT_EQ(row.at(0, 4), std::to_string(jobs[i].max_attempts)) << i;
+    EXPECT_EQ(nlohmann::json::parse(row.at(0, 5)), jobs[i].metadata.is_null() ? nlohmann::json::object() : jobs[i].metadata) << i;
+    EXPECT_EQ(row.at(0, 6), "available") << i;
+    EXPECT_EQ(row.at(0, 7), "0") << i;
+    EXPECT_EQ(row.at(0, 8), "t") << i;
+  }
+  EXPECT_EQ(nlohmann::json::parse(check_.scalar("SELECT metadata::text FROM " + s("jobs") + " WHERE id = $1",
+                                                {std::to_string(ids.value()[11])})),
+            jobs[11].metadata);
+}
+
+TEST_P(bridge_enqueue, copies_straight_into_ready_inside_savepoints_answer_each_batch_its_own_ids) {
+  // Rows written inside a savepoint carry the subtransaction's id, not the transaction's.
+  const auto batch = [](const std::string& tag, int n) {
+    std::vector<new_job> jobs;
+    for (int i = 0; i < n; ++i) jobs.push_back({.kind = "k", .args = {{"tag", tag}, {"i", i}}});
+    return jobs;
+  };
+  auto tx = open_tx();
+  tx->begin();
+  tx->exec("SET LOCAL track_functions = 'pl'");
+  std::map<std::string, std::vector<std::int64_t>> got;
+  const auto enqueue = [&](const std::string& tag, int n) {
+    auto ids = tx->enqueue_batch(batch(tag, n), opts_);
+    ASSERT_TRUE(ids) << tag << ": " << ids.error().message();
+    got[tag] = ids.value();
+  };
+  auto arrays = opts_;
+  arrays.copy_threshold = 0;
+  auto before = tx->enqueue_batch(batch("arrays", 1'000), arrays);  // same transaction id, lower ids
+  ASSERT_TRUE(before);
+  got["arrays"] = before.value();
+  enqueue("top", 1'100);
+  tx->exec("SAVEPOINT a");
+  enqueue("in_a", 1'200);
+  tx->exec("SAVEPOINT b");
+  enqueue("in_b", 1'300);
+  enqueue("in_b_again", 1'000);
+  tx->exec("RELEASE SAVEPOINT b");
+  tx->exec("RELEASE SAVEPOINT a");
+  tx->exec("SAVEPOINT c");
+  enqueue("rolled_back", 1'000);
+  tx->exec("ROLLBACK TO SAVEPOINT c");
+  enqueue("after", 1'400);
+  EXPECT_EQ(paths_called(*tx, schema_.name()), "batch 1, copied 0, ready 6");
+  ASSERT_TRUE(tx->commit());
+  long kept = 0;
+  for (const auto& [tag, ids] : got) {
+    EXPECT_TRUE(std::is_sorted(ids.begin(), ids.end())) << tag;
+    // Each answered id is the row of that batch at that position.
+    const std::string matched = check_.scalar(
+        "SELECT count(*) FROM unnest($1::bigint[]) WITH ORDINALITY AS a(id, ord) JOIN " + s("jobs") +
+            " j ON j.id = a.id WHERE j.args->>'tag' = $2 AND (j.args->>'i')::bigint = a.ord - 1",
+        {tenure::postgres::int_array(ids), tag});
+    if (tag == "rolled_back") {
+      EXPECT_EQ(matched, "0");
+    } else {
+      EXPECT_EQ(matched, std::to_string(ids.size())) << tag;
+      kept += static_cast<long>(ids.size());
+    }
+  }
+  EXPECT_EQ(count("jobs"), kept);
+}
+
+TEST_P(bridge_enqueue, concurrent_copies_straight_into_ready_each_answer_their_own_ids) {
+  // Producers copying at once draw ids from one sequence, so their rows' ids interleave; each
+  // read-back must answer exactly its own rows, in its own input order.
+  constexpr int producers = 4, batches = 12, size = 1'500;
+  std::vector<std::vector<std::vector<std::int64_t>>> got(producers);
+  std::vector<std::string> failures(producers);
+  {
+    std::vector<std::thread> threads;
+    for (int p = 0; p < producers; ++p) {
+      threads.emplace_back([&, p] {
+        try {
+          auto tx = open_tx();
+          for (int b = 0; b < batches; ++b) {
+            std::vector<new_job> jobs;
+            for (int i = 0; i < size; ++i) jobs.push_back({.kind = "k", .args = {{"p", p}, {"b", b}, {"i", i}}});
+            tx->begin();
+            auto ids = tx->enqueue_batch(jobs, opts_);
+            if (!ids) {
+              failures[p] = ids.error().message();
+              tx->rollback();
+              return;
+            }
+            if (!tx->commit()) {
+              failures[p] = "commit refused";
+              return;
+            }
+            got[p].push_back(ids.value());
+          }
+        } catch (const std::exception& e) {
+          failures[p] = e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  int interleaved = 0;
+  for (int p = 0; p < producers; ++p) {
+    ASSERT_EQ(failures[p], "") << "producer " << p;
+    ASSERT_EQ(got[p].size(), static_cast<std::size_t>(batches));
+    for (int b = 0; b < batches; ++b) {
+      const auto& ids = got[p][b];
+      ASSERT_EQ(ids.size(), static_cast<std::size_t>(size));
+      if (ids.back() - ids.front() + 1 != size) ++interleaved;
+      EXPECT_EQ(check_.scalar("SELECT count(*) FROM unnest($1::bigint[]) WITH ORDINALITY AS a(id, ord) JOIN " +
+                                  s("jobs") + " j ON j.id = a.id WHERE (j.args->>'p')::int = $2 AND "
+                                  "(j.args->>'b')::int = $3 AND (j.args->>'i')::bigint = a.ord - 1",
+                              {tenure::postgres::int_array(ids), std::to_string(p), std::to_string(b)}),
+                std::to_string(size))
+          << "producer " << p << " batch " << b;
+    }
+  }
+  EXPECT_EQ(count("jobs"), producers * batches * size);
+  EXPECT_GT(interleaved, 0) << "no two producers' ids interleaved: the race did not happen";
 }
 
 TEST_P(bridge_enqueue, a_copy_enqueue_rolls_back_with_the_caller_and_two_in_one_transaction_get_their_own_ids) {
@@ -416,7 +573,7 @@ TEST_P(bridge_enqueue, a_batch_below_the_threshold_with_a_key_or_with_copy_off_g
   ASSERT_TRUE(tx->enqueue_batch(small, opts_));
   ASSERT_TRUE(tx->try_enqueue_batch(keyed, opts_));
   ASSERT_TRUE(tx->enqueue_batch(large, off));
-  EXPECT_EQ(paths_called(*tx, schema_.name()), "batch 3, copied 0");
+  EXPECT_EQ(paths_called(*tx, schema_.name()), "batch 3, copied 0, ready 0");
   ASSERT_TRUE(tx->commit());
   EXPECT_EQ(count("jobs"), 999 + 1'500 + 1'500);
 }
@@ -430,7 +587,7 @@ TEST_P(bridge_enqueue, a_connection_not_in_utf8_sends_large_batches_over_arrays)
   tx->exec("SET LOCAL track_functions = 'pl'");
   auto ids = tx->enqueue_batch(jobs, opts_);
   ASSERT_TRUE(ids) << ids.error().message();
-  EXPECT_EQ(paths_called(*tx, schema_.name()), "batch 1, copied 0");
+  EXPECT_EQ(paths_called(*tx, schema_.name()), "batch 1, copied 0, ready 0");
   ASSERT_TRUE(tx->commit());
   EXPECT_EQ(count("jobs"), 1'500);
   EXPECT_EQ(check_.scalar("SELECT args->>'s' FROM " + s("jobs") + " WHERE id = $1", {std::to_string(ids.value()[0])}),
@@ -455,7 +612,7 @@ TEST_P(bridge_enqueue, a_job_the_copy_stage_refuses_aborts_the_callers_transacti
   auto r = tx->enqueue_batch(jobs, opts_);
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error(), errc::invalid_argument) << r.error().message();
-  EXPECT_EQ(r.error().sqlstate(), "23514") << "a CHECK of the stage";
+  EXPECT_EQ(r.error().sqlstate(), "23514") << "a CHECK of ready";
   EXPECT_NE(r.error().detail().find("metadata must be a JSON object of at most 8192 bytes"), std::string::npos)
       << r.error().detail();
   EXPECT_TRUE(r.error().detail().ends_with("(the caller's transaction is aborted: roll it back)")) << r.error().detail();
@@ -496,16 +653,43 @@ TEST_P(bridge_enqueue, a_copy_enqueue_wakes_an_idle_worker_of_each_queue_with_a_
   EXPECT_EQ(woken, std::vector<std::string>{"now"}) << "the scheduled job's queue has nothing to run yet";
 }
 
-TEST_P(bridge_enqueue, through_transaction_pooling_each_copy_enqueue_finds_its_stage_in_its_own_transaction) {
+TEST_P(bridge_enqueue, a_copy_straight_into_ready_wakes_an_idle_worker_of_each_of_its_queues) {
+  pg listener{schema_.dsn()};
+  listener.exec("LISTEN " + schema_.name() + "_wake");
+  check_.exec("SELECT " + s("worker_idle") + "('a', 'w1')");
+  check_.exec("SELECT " + s("worker_idle") + "('b', 'w2')");
+  std::vector<new_job> jobs(1'500, new_job{.kind = "k", .queue = "a"});
+  jobs[700].queue = "b";
+  jobs[701].queue = "nobody_waits";
+  auto tx = open_tx();
+  tx->begin();
+  tx->exec("SET LOCAL track_functions = 'pl'");
+  ASSERT_TRUE(tx->enqueue_batch(jobs, opts_));
+  EXPECT_EQ(paths_called(*tx, schema_.name()), "batch 0, copied 0, ready 1");
+  ASSERT_TRUE(tx->commit());
+  listener.query("SELECT 1");
+  std::vector<std::string> woken;
+  while (PGnotify* n = PQnotifies(listener.native())) {
+    woken.emplace_back(n->extra);
+    PQfreemem(n);
+  }
+  std::sort(woken.begin(), woken.end());
+  EXPECT_EQ(woken, (std::vector<std::string>{"a", "b"}));
+}
+
+TEST_P(bridge_enqueue, through_transaction_pooling_each_copy_enqueue_finds_its_target_in_its_own_transaction) {
   // PgBouncer in transaction mode: a transaction may land on a server session that has never
-  // seen the stage, or on one that made it for another client.
+  // seen the stage, or on one that made it for another client, or on one whose last drawn id
+  // (which the read-back of a COPY into ready starts from) is another client's.
   const std::string pooled = tenure::test::pooler_dsn();
   std::vector<std::unique_ptr<caller_tx>> clients;
   for (int i = 0; i < 3; ++i) clients.push_back(open_caller_tx(GetParam(), pooled, false));
   std::vector<std::int64_t> all;
   for (int round = 0; round < 9; ++round) {
     caller_tx& tx = *clients[static_cast<std::size_t>(round) % clients.size()];
-    const std::vector<new_job> jobs(1'000 + round, new_job{.kind = "k", .args = {{"round", round}}});
+    std::vector<new_job> jobs(1'000 + round, new_job{.kind = "k", .args = {{"round", round}}});
+    // Every other round holds a scheduled job: through the stage; the others go straight into ready.
+    if (round % 2 == 1) jobs.back().run_at = tenure::clock_type::now() + 1h;
     tx.begin();
     tx.exec(insert_order());
     auto ids = tx.enqueue_batch(jobs, opts_);

@@ -223,6 +223,81 @@ TEST_F(security, producer_enqueues_over_copy_holding_only_insert_on_a_stage_tenu
   EXPECT_EQ(as_role.query("SELECT * FROM " + s("ready")).sqlstate, "42501");
 }
 
+TEST_F(security, producer_copies_straight_into_ready_holding_insert_on_the_six_job_columns_only) {
+  grant(tenure::postgres::grant_kind::producer);
+  pg as_role{tenure::test::dsn_with_user(schema_.dsn(), role_)};
+  EXPECT_EQ(as_role.scalar("SELECT " + s("enqueue_copy_target") + "(false)"), s("ready"));
+  as_role.exec("BEGIN");
+  EXPECT_TRUE(std::regex_match(as_role.scalar("SELECT " + s("enqueue_copy_target") + "(true)"),
+                               std::regex{"pg_temp\\.tenure_enqueue_[0-9]+"}))
+      << "a batch with a scheduled job goes through the stage";
+  const std::string columns = " (kind, args, queue, priority, max_attempts, metadata)";
+  // Every column tenure sets itself, every other statement on the job tables, and moving the
+  // sequence are refused, each in a savepoint of its own.
+  for (const std::string& sql :
+       {"INSERT INTO " + s("ready") + " (id, kind, queue) VALUES (1, 'k', 'q')",
+        "INSERT INTO " + s("ready") + " (kind, queue, attempt) VALUES ('k', 'q', 3)",
+        "INSERT INTO " + s("ready") + " (kind, queue, run_lease) VALUES ('k', 'q', 7)",
+        "INSERT INTO " + s("ready") + " (kind, queue, run_at) VALUES ('k', 'q', now() - interval '1 day')",
+        "INSERT INTO " + s("ready") + " (kind, queue, created_at) VALUES ('k', 'q', now())",
+        "INSERT INTO " + s("ready") + " (kind, queue, last_error) VALUES ('k', 'q', 'x')",
+        "INSERT INTO " + s("ready") + " (kind, queue, progress) VALUES ('k', 'q', '{}')",
+        "INSERT INTO " + s("ready") + " (kind, queue, resume_payload) VALUES ('k', 'q', '{}')",
+        "INSERT INTO " + s("deferred") + " (id, queue, kind, args, priority, attempt, max_attempts, run_lease, run_at, "
+                                         "created_at, state) VALUES (1, 'q', 'k', '{}', 2, 0, 25, 0, now(), now(), 'scheduled')",
+        "INSERT INTO " + s("ready") + columns + " VALUES ('k', '{}', 'q', 2, 25, '{}') RETURNING id",
+        "SELECT * FROM " + s("ready"), "SELECT id FROM " + s("ready"), "UPDATE " + s("ready") + " SET priority = 1",
+        "DELETE FROM " + s("ready"), "TRUNCATE " + s("ready"),
+        "ALTER TABLE " + s("ready") + " DROP CONSTRAINT \"priority must be 1..4\"",
+        "SELECT setval('" + s("job_id_seq") + "', 1)", "LOCK TABLE " + s("ready") + " IN SHARE MODE"}) {
+    as_role.exec("SAVEPOINT probe");
+    const auto r = as_role.query(sql);
+    EXPECT_FALSE(r.ok) << sql;
+    EXPECT_EQ(r.sqlstate, "42501") << sql << ": " << r.error;
+    as_role.exec("ROLLBACK TO SAVEPOINT probe");
+  }
+  // Rows enqueue's checks refuse never get in.
+  for (const char* row : {"('', '{}', 'q', 2, 25, '{}')", "('k', '[1]', 'q', 2, 25, '{}')",
+                          "('k', '{}', E'q\\n', 2, 25, '{}')", "('k', '{}', '', 2, 25, '{}')",
+                          "(E'k\\t', '{}', 'q', 2, 25, '{}')", "('k', '{}', 'q', 9, 25, '{}')",
+                          "('k', '{}', 'q', 0, 25, '{}')", "('k', '{}', 'q', 2, 0, '{}')",
+                          "('k', '{}', 'q', 2, 25, '[]')",
+                          "('k', '{}', 'q', 2, 25, jsonb_build_object('pad', repeat('x', 9000)))"}) {
+    as_role.exec("SAVEPOINT probe");
+    EXPECT_EQ(as_role.query("INSERT INTO " + s("ready") + columns + " VALUES " + row).sqlstate, "23514") << row;
+    as_role.exec("ROLLBACK TO SAVEPOINT probe");
+  }
+  as_role.exec("INSERT INTO " + s("ready") + columns + " VALUES ('b', '{}', 'q', 1, 3, '{}'), ('a', '{\"x\": 1}', 'q', 4, 25, '{}')");
+  const std::string ids = as_role.scalar("SELECT " + s("enqueue_copied_ready") + "(2)");
+  EXPECT_EQ(as_role.query("SELECT " + s("enqueue_copied_ready") + "(3)").rows.at(0).at(0), std::nullopt)
+      << "only two rows were written";
+  as_role.exec("COMMIT");
+  EXPECT_EQ(admin_.scalar("SELECT string_agg(format('%s %s %s %s %s', j.kind, j.priority, j.max_attempts, j.attempt, "
+                          "j.run_lease), ',' ORDER BY a.ord) FROM unnest($1::bigint[]) WITH ORDINALITY AS a(id, ord) "
+                          "JOIN " + s("ready") + " j ON j.id = a.id",
+                          {ids}),
+            "b 1 3 0 0,a 4 25 0 0")
+      << "the answer lists the ids in the order the rows were written: " << ids;
+  EXPECT_EQ(admin_.scalar("SELECT bool_and(run_at = created_at AND created_at > now() - interval '1 minute') FROM " +
+                          s("ready")),
+            "t");
+  // A later transaction of the session is not answered the rows an earlier one wrote.
+  EXPECT_EQ(as_role.query("SELECT " + s("enqueue_copied_ready") + "(2)").rows.at(0).at(0), std::nullopt);
+  pg fresh{tenure::test::dsn_with_user(schema_.dsn(), role_)};
+  EXPECT_EQ(fresh.query("SELECT " + s("enqueue_copied_ready") + "(1)").rows.at(0).at(0), std::nullopt)
+      << "a session that drew no id";
+}
+
+TEST_F(security, a_producer_without_the_column_grants_is_offered_the_stage_instead_of_ready) {
+  grant(tenure::postgres::grant_kind::producer);
+  admin_.exec("REVOKE INSERT (metadata) ON " + s("ready") + " FROM " + role_);
+  pg as_role{tenure::test::dsn_with_user(schema_.dsn(), role_)};
+  as_role.exec("BEGIN");
+  EXPECT_TRUE(std::regex_match(as_role.scalar("SELECT " + s("enqueue_copy_target") + "(false)"),
+                               std::regex{"pg_temp\\.tenure_enqueue_[0-9]+"}));
+  as_role.exec("ROLLBACK");
+}
+
 TEST_F(security, a_stage_the_caller_made_before_tenure_did_is_refused) {
   grant(tenure::postgres::grant_kind::producer);
   const std::string name =
@@ -246,6 +321,9 @@ TEST_F(security, a_role_without_the_producer_grant_cannot_stage_or_move_jobs) {
   pg as_role{tenure::test::dsn_with_user(schema_.dsn(), role_)};
   EXPECT_EQ(as_role.query("SELECT " + s("enqueue_copy_stage") + "()").sqlstate, "42501");
   EXPECT_EQ(as_role.query("SELECT " + s("enqueue_copied") + "()").sqlstate, "42501");
+  EXPECT_EQ(as_role.query("SELECT " + s("enqueue_copy_target") + "(false)").sqlstate, "42501");
+  EXPECT_EQ(as_role.query("SELECT " + s("enqueue_copied_ready") + "(1)").sqlstate, "42501");
+  EXPECT_EQ(as_role.query("INSERT INTO " + s("ready") + " (kind, queue) VALUES ('k', 'q')").sqlstate, "42501");
 }
 
 TEST_F(security, worker_can_drive_the_attempt_protocol_but_not_touch_tables) {

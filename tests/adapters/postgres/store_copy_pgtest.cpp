@@ -1,16 +1,18 @@
 // postgres::store's enqueue_batch over COPY: a large keyless batch is one transaction of COPY
-// into the session's stage and one move; smaller, keyed or with copy_threshold 0, one
-// enqueue_batch statement.
+// straight into ready (no job scheduled) or into the session's stage and one move; smaller, keyed
+// or with copy_threshold 0, one enqueue_batch statement.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/fault_proxy.hpp"
 #include "support/pg.hpp"
 #include "tenure/libpq.hpp"
 #include "tenure/postgres/schema.hpp"
+#include "tenure/postgres/sql_text.hpp"
 #include "tenure/postgres/store.hpp"
 
 using namespace std::chrono_literals;
@@ -81,6 +83,35 @@ TEST_F(store_copy, a_large_keyless_batch_goes_through_copy_with_ids_in_input_ord
   ASSERT_TRUE(again) << again.error().message();
   EXPECT_EQ(count(), 3'000);
   EXPECT_EQ(stages(), 1);
+}
+
+TEST_F(store_copy, a_large_batch_of_jobs_to_run_now_is_copied_straight_into_ready_without_a_stage) {
+  // The store's session counts its calls of tenure's functions.
+  const std::string dsn = schema_.dsn();
+  auto store = open(1000, dsn + (dsn.find('?') == std::string::npos ? "?" : "&") + "options=-c%20track_functions%3Dpl");
+  std::vector<new_job> jobs;
+  for (int i = 0; i < 1'500; ++i) jobs.push_back({.kind = "k", .args = {{"i", i}}, .queue = i % 2 ? "odd" : "even"});
+  auto ids = store->enqueue_batch(jobs);
+  store.reset();  // its session ends and reports what it called
+  std::string called;
+  for (int i = 0; i < 100 && called.empty(); ++i) {
+    admin_.exec("SELECT pg_stat_clear_snapshot()");
+    called = admin_.scalar("SELECT coalesce(string_agg(funcname || ' ' || calls, ', ' ORDER BY funcname), '') FROM "
+                           "pg_stat_user_functions WHERE schemaname = $1 AND funcname LIKE 'enqueue%'",
+                           {schema_.name()});
+    if (called.empty()) std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(called, "enqueue_copied_ready 1, enqueue_copy_target 1");
+  ASSERT_TRUE(ids) << ids.error().message();
+  ASSERT_EQ(ids.value().size(), jobs.size());
+  EXPECT_EQ(stages(), 0) << "no stage was made";
+  EXPECT_TRUE(std::is_sorted(ids.value().begin(), ids.value().end()));
+  EXPECT_EQ(admin_.scalar("SELECT count(*) FROM unnest($1::bigint[]) WITH ORDINALITY AS a(id, ord) JOIN " +
+                              schema_.name() + ".ready r ON r.id = a.id WHERE (r.args->>'i')::bigint = a.ord - 1",
+                          {tenure::postgres::int_array(ids.value())}),
+            "1500")
+      << "each id is the job at its position";
+  EXPECT_EQ(count("state = 'available'"), 1'500);
 }
 
 TEST_F(store_copy, a_batch_below_the_threshold_with_a_key_or_with_copy_off_goes_over_arrays) {
@@ -178,22 +209,33 @@ TEST(store_copy_without_temp, an_owner_that_may_not_create_temporary_tables_enqu
   pg as_owner{dsn};
   EXPECT_EQ(as_owner.query("CREATE TEMP TABLE t (x int)").sqlstate, "42501") << "the owner may not make one";
   EXPECT_EQ(as_owner.scalar("SELECT " + schema + ".enqueue_copy_stage() IS NULL"), "t") << "so no stage is offered";
+  EXPECT_EQ(as_owner.scalar("SELECT " + schema + ".enqueue_copy_target(true) IS NULL"), "t");
+  EXPECT_EQ(as_owner.scalar("SELECT " + schema + ".enqueue_copy_target(false)"), schema + ".ready")
+      << "jobs to run now need no stage";
 
+  // Batches holding a scheduled job, which would need the stage.
+  const auto batch = [](const std::string& queue) {
+    std::vector<new_job> jobs(1'500, new_job{.kind = "k", .queue = queue});
+    jobs[3].run_at = tenure::clock_type::now() + 1h;
+    return jobs;
+  };
   auto st = tenure::postgres::store::open({.dsn = dsn, .schema = schema, .pool_size = 1});
   ASSERT_TRUE(st) << st.error().message();
-  auto ids = st.value()->enqueue_batch(std::vector<new_job>(1'500, new_job{.kind = "k", .queue = "store"}));
+  auto ids = st.value()->enqueue_batch(batch("store"));
   ASSERT_TRUE(ids) << ids.error().message();
   EXPECT_EQ(ids.value().size(), 1'500u);
 
   // The libpq bridge inside the caller's transaction: the transaction goes on after the fallback.
   as_owner.exec("BEGIN");
-  auto bridged = tenure::enqueue_batch(as_owner.native(), std::vector<new_job>(1'500, new_job{.kind = "k", .queue = "bridge"}),
-                                       {.schema = schema});
+  auto bridged = tenure::enqueue_batch(as_owner.native(), batch("bridge"), {.schema = schema});
   ASSERT_TRUE(bridged) << bridged.error().message();
+  auto now = tenure::enqueue_batch(as_owner.native(), std::vector<new_job>(1'500, new_job{.kind = "k", .queue = "now"}),
+                                   {.schema = schema});
+  ASSERT_TRUE(now) << now.error().message();
   as_owner.exec("COMMIT");
   EXPECT_EQ(as_owner.scalar("SELECT string_agg(queue || ' ' || n, ', ' ORDER BY queue) FROM (SELECT queue, count(*) AS n FROM " +
                             schema + ".jobs GROUP BY queue) q"),
-            "bridge 1500, store 1500");
+            "bridge 1500, now 1500, store 1500");
 }
 
 }  // namespace

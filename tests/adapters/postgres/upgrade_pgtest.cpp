@@ -226,6 +226,44 @@ TEST(schema_upgrade, producers_of_an_older_schema_get_the_copy_enqueue_path_with
   EXPECT_EQ(db.scalar("SELECT count(*) FROM " + schema + ".jobs WHERE id = ANY($1::bigint[])", {ids}), "1") << ids;
 }
 
+TEST(schema_upgrade, producers_of_an_older_schema_get_the_copy_straight_into_ready_with_it) {
+  int ready_version = 0;
+  for (const auto& m : tenure::postgres::detail::embedded_migrations()) {
+    if (std::string_view{m.name}.ends_with("_copy_into_ready")) ready_version = m.version;
+  }
+  ASSERT_GE(ready_version, 2);
+  const std::string dsn = tenure::test::test_dsn();
+  const std::string schema = "upgready_" + tenure::test::random_suffix();
+  const std::string role = schema + "_app";
+  const cleanup drop{dsn, schema, role};
+  pg db{dsn};
+  ASSERT_TRUE(tenure::postgres::detail::migrate_up_to(dsn, schema, ready_version - 1));
+  db.exec("CREATE ROLE " + role);
+  // What `tenure grant-producer` of the older version gave, and a job enqueued before.
+  db.exec("GRANT USAGE ON SCHEMA " + schema + " TO " + role);
+  db.exec("GRANT EXECUTE ON FUNCTION " + schema +
+          ".enqueue_batch(text[], jsonb[], text[], int[], timestamptz[], int[], jsonb[], text[]), " + schema +
+          ".enqueue_copy_stage(), " + schema + ".enqueue_copied() TO " + role);
+  const std::string before = db.scalar("SELECT " + schema + ".enqueue('k', '{}', 'q')");
+  EXPECT_EQ(db.query("SELECT " + schema + ".enqueue_copy_target(false)").sqlstate, "42883") << "not there yet";
+  auto upgraded = tenure::postgres::migrate(dsn, schema);
+  ASSERT_TRUE(upgraded) << upgraded.error().message();
+
+  pg as_role{dsn};
+  as_role.exec("SET ROLE " + role);
+  as_role.exec("BEGIN");
+  EXPECT_EQ(as_role.scalar("SELECT " + schema + ".enqueue_copy_target(false)"), schema + ".ready");
+  as_role.exec("INSERT INTO " + schema + ".ready (kind, args, queue, priority, max_attempts, metadata) "
+               "VALUES ('k', '{}', 'q', 2, 25, '{}')");
+  const std::string ids = as_role.scalar("SELECT " + schema + ".enqueue_copied_ready(1)");
+  as_role.exec("COMMIT");
+  EXPECT_EQ(db.scalar("SELECT count(*) FROM " + schema + ".jobs WHERE id = ANY($1::bigint[]) AND id > $2::bigint",
+                      {ids, before}),
+            "1")
+      << ids;
+  EXPECT_EQ(db.scalar("SELECT string_agg(state, ',') FROM " + schema + ".jobs"), "available,available");
+}
+
 // ---- where a fresh install may go --------------------------------------------------------------
 
 // An application's schema: a table and a function every role may call, as PostgreSQL grants it.
