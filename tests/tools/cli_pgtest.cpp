@@ -979,6 +979,21 @@ TEST_F(cli_pg, grant_worker_and_producer_succeed) {
   EXPECT_EQ(db_->exec("SELECT has_table_privilege('" + role + "', '" + schema_ + ".jobs', 'SELECT')"), "t");
 }
 
+TEST_F(cli_pg, grant_producer_gives_insert_on_the_six_job_columns_of_ready_and_the_sequence) {
+  migrate();
+  const auto role = create_role();
+  expect_success(tenure({"grant-producer", role}));
+  EXPECT_EQ(db_->exec("SELECT string_agg(attname, ',' ORDER BY attnum) FROM pg_attribute WHERE attrelid = '" + schema_ +
+                      ".ready'::regclass AND attnum > 0 AND has_column_privilege('" + role +
+                      "', attrelid, attnum, 'INSERT')"),
+            "queue,kind,args,priority,max_attempts,metadata");
+  EXPECT_EQ(db_->exec("SELECT has_table_privilege('" + role + "', '" + schema_ + ".ready', 'SELECT') OR "
+                      "has_any_column_privilege('" + role + "', '" + schema_ + ".ready', 'SELECT, UPDATE')"),
+            "f");
+  EXPECT_EQ(db_->exec("SELECT has_sequence_privilege('" + role + "', '" + schema_ + ".job_id_seq', 'USAGE')"), "t");
+  EXPECT_EQ(db_->exec("SELECT has_sequence_privilege('" + role + "', '" + schema_ + ".job_id_seq', 'UPDATE')"), "f");
+}
+
 TEST_F(cli_pg, grant_callback_gives_the_callback_functions_and_nothing_else) {
   migrate();
   const auto role = create_role();
@@ -1632,6 +1647,22 @@ TEST_F(cli_doctor, execute_granted_to_public_and_privileges_beyond_grants_are_na
   db_->exec("REVOKE EXECUTE ON FUNCTION " + schema_ + ".complete_job(text, jsonb) FROM PUBLIC");
   db_->exec("REVOKE INSERT ON " + schema_ + ".done FROM " + role);
   EXPECT_EQ(doctor().first.exit_code, 0);
+}
+
+TEST_F(cli_doctor, insert_on_ready_beyond_the_six_job_columns_is_named) {
+  migrate();
+  const auto role = create_role();
+  expect_success(tenure({"grant-producer", role}));
+  EXPECT_EQ(doctor().first.exit_code, 0) << "the producer's own column and sequence grants are fine";
+  db_->exec("GRANT INSERT (run_lease) ON " + schema_ + ".ready TO " + role);
+  db_->exec("GRANT UPDATE ON SEQUENCE " + schema_ + ".job_id_seq TO " + role);
+  auto [r, doc] = doctor();
+  EXPECT_EQ(r.exit_code, 1) << r;
+  finding_with(doc, "privileges", "error",
+               "role " + role + " holds INSERT on column " + schema_ + ".ready.run_lease, which no tenure grant-* gives");
+  finding_with(doc, "privileges", "error",
+               "role " + role + " holds UPDATE on sequence " + schema_ + ".job_id_seq, which no tenure grant-* gives");
+  EXPECT_EQ(findings_of(doc, "privileges").size(), 2u) << doc.dump(2);
 }
 
 TEST_F(cli_doctor, a_security_definer_function_without_search_path_is_named) {

@@ -1,6 +1,6 @@
 // The two bulk enqueue paths of the caller's connection, timed side by side: enqueue_batch over
-// arrays and COPY into the session's stage (tenure/libpq.hpp), batch by batch in turn on one
-// connection, each batch in a transaction of its own.
+// arrays and COPY (straight into ready: the jobs are to run now; tenure/libpq.hpp), batch by batch
+// in turn on one connection, each batch in a transaction of its own.
 #include "bench/common.hpp"
 
 #include <memory>
