@@ -264,6 +264,41 @@ class SqlContract(unittest.TestCase):
             copy.write_row((1, "lost", "{}", self.queue, 2, None, 25, "{}"))
         self.assertIsNone(self.producer.execute(self.q("SELECT {t}.enqueue_copied() AS ids")).fetchone()["ids"])
 
+    def test_copy_straight_into_ready_answers_the_ids_of_its_rows_in_input_order_inside_the_transaction(self):
+        columns = "(kind, args, queue, priority, max_attempts, metadata)"
+        with self.producer.transaction():
+            self.producer.execute(self.q("INSERT INTO {app}.orders (ref) VALUES ('A-10')"))
+            target = self.producer.execute(self.q("SELECT {t}.enqueue_copy_target(false) AS t")).fetchone()["t"]
+            self.assertEqual(target, self.install.schema + ".ready")
+            with self.producer.cursor().copy(f"COPY {target} {columns} FROM STDIN") as copy:
+                for i in range(1, 1001):
+                    copy.write_row(("direct", f'{{"n": {i}}}', self.queue, 2, 25, '{"tenant": "t2"}'))
+            ids = self.producer.execute(self.q("SELECT {t}.enqueue_copied_ready(1000) AS ids")).fetchone()["ids"]
+            ids = [int(x) for x in ids.strip("{}").split(",")]
+            self.assertEqual(len(ids), 1000)
+            self.assertIsNone(self.job(ids[0]), "an uncommitted job is invisible")
+        self.assertEqual(self.orders("A-10"), 1)
+        for i in (0, 499, 999):
+            job = self.job(ids[i])
+            self.assertEqual((job["kind"], job["args"], job["metadata"], job["state"], job["attempt"]),
+                             ("direct", {"n": i + 1}, {"tenant": "t2"}, "available", 0))
+
+        # A row a check of ready refuses aborts the transaction: nothing of it stays.
+        with self.assertRaises(psycopg.errors.CheckViolation) as refused:
+            with self.producer.transaction():
+                with self.producer.cursor().copy(f"COPY {target} {columns} FROM STDIN") as copy:
+                    copy.write_row(("ok", "{}", self.queue, 2, 25, "{}"))
+                    copy.write_row(("bad", "{}", self.queue, 7, 25, "{}"))
+        self.assertIn("priority must be 1..4", str(refused.exception))
+        # Columns tenure sets itself are not the producer's to write.
+        with self.assertRaises(psycopg.errors.InsufficientPrivilege):
+            with self.producer.transaction():
+                with self.producer.cursor().copy(f"COPY {target} (id, kind, queue) FROM STDIN") as copy:
+                    copy.write_row((1, "forged", self.queue))
+        n = self.admin.execute(self.q("SELECT count(*) AS n FROM {t}.jobs WHERE queue = %s AND kind <> 'direct'"),
+                               (self.queue,)).fetchone()["n"]
+        self.assertEqual(n, 0)
+
     def test_two_transactions_enqueueing_one_unique_key_make_one_job_and_a_new_one_after_completion(self):
         first = self.install.connect("producer", autocommit=False)
         second = self.install.connect("producer", autocommit=False)
