@@ -12,10 +12,9 @@
 --   job sequence (rows numbered in input order, as COPY evaluates defaults row by row), attempt
 --   and run lease 0, run_at and created_at the transaction's now(), no error, no progress, no
 --   resume payload. A producer cannot pick an id, a lease or a time.
--- - enqueue_batch's checks of each job are CHECK constraints of `ready` (NOT VALID: the rows
---   already there came through those checks; every new row is checked). tenure's own moves into
---   `ready` (promotion, retry, rescue) carry rows that passed them at enqueue and are never
---   updated in place, so they satisfy them too.
+-- - enqueue_batch's checks of each job are CHECK constraints of `ready`, for every job numbered
+--   from now on. tenure's own moves into `ready` (promotion, retry, rescue) carry rows that passed
+--   the same rules at enqueue and are never updated in place, so they satisfy them too.
 -- - No SELECT, UPDATE or DELETE on any job table: a producer reads nothing back but through
 --   enqueue_copied_ready, which answers only the ids of rows its own (sub)transaction wrote.
 -- - USAGE on the job sequence (the id default calls nextval): a producer can draw ids, which
@@ -44,16 +43,31 @@ ALTER TABLE @schema@.ready
   ALTER COLUMN priority SET DEFAULT 2,
   ALTER COLUMN args SET DEFAULT '{}';
 
-ALTER TABLE @schema@.ready
-  ADD CONSTRAINT "kind must be 1..255 characters without control characters"
-    CHECK (kind <> '' AND length(kind) <= 255 AND kind !~ '[[:cntrl:]]') NOT VALID,
-  ADD CONSTRAINT "queue must be 1..128 characters without control characters"
-    CHECK (queue <> '' AND length(queue) <= 128 AND queue !~ '[[:cntrl:]]') NOT VALID,
-  ADD CONSTRAINT "priority must be 1..4" CHECK (priority BETWEEN 1 AND 4) NOT VALID,
-  ADD CONSTRAINT "max_attempts must be at least 1" CHECK (max_attempts >= 1) NOT VALID,
-  ADD CONSTRAINT "args must be a JSON object" CHECK (jsonb_typeof(args) = 'object') NOT VALID,
-  ADD CONSTRAINT "metadata must be a JSON object of at most 8192 bytes"
-    CHECK (jsonb_typeof(metadata) = 'object' AND (metadata = '{}' OR octet_length(metadata::text) <= 8192)) NOT VALID;
+-- The checks hold for every job numbered after this migration (ids above the sequence's value
+-- now, which a producer's row always gets: its COPY waits for this migration's lock on `ready`
+-- and draws its ids after). Jobs numbered before it came through the enqueue functions of their
+-- day, whose rules were fewer in the oldest schemas; tenure moves them into `ready` again
+-- (promotion, retry, rescue) unchecked, so an old job can never stop those passes.
+DO $$
+DECLARE
+  legacy bigint;
+BEGIN
+  LOCK TABLE @schema@.ready IN ACCESS EXCLUSIVE MODE;
+  SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END INTO legacy FROM @schema@.job_id_seq s;
+  EXECUTE pg_catalog.format($checks$
+    ALTER TABLE @schema@.ready
+      ADD CONSTRAINT "kind must be 1..255 characters without control characters"
+        CHECK (id <= %1$s OR (kind <> '' AND length(kind) <= 255 AND kind !~ '[[:cntrl:]]')) NOT VALID,
+      ADD CONSTRAINT "queue must be 1..128 characters without control characters"
+        CHECK (id <= %1$s OR (queue <> '' AND length(queue) <= 128 AND queue !~ '[[:cntrl:]]')) NOT VALID,
+      ADD CONSTRAINT "priority must be 1..4" CHECK (id <= %1$s OR priority BETWEEN 1 AND 4) NOT VALID,
+      ADD CONSTRAINT "max_attempts must be at least 1" CHECK (id <= %1$s OR max_attempts >= 1) NOT VALID,
+      ADD CONSTRAINT "args must be a JSON object" CHECK (id <= %1$s OR jsonb_typeof(args) = 'object') NOT VALID,
+      ADD CONSTRAINT "metadata must be a JSON object of at most 8192 bytes"
+        CHECK (id <= %1$s OR (jsonb_typeof(metadata) = 'object'
+                              AND (metadata = '{}' OR octet_length(metadata::text) <= 8192))) NOT VALID
+  $checks$, legacy);
+END $$;
 
 CREATE FUNCTION @schema@.enqueue_copy_target(scheduled boolean) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$

@@ -264,6 +264,38 @@ TEST(schema_upgrade, producers_of_an_older_schema_get_the_copy_straight_into_rea
   EXPECT_EQ(db.scalar("SELECT string_agg(state, ',') FROM " + schema + ".jobs"), "available,available");
 }
 
+TEST(schema_upgrade, a_job_from_before_readys_checks_that_breaks_them_is_still_promoted_and_retried) {
+  int ready_version = 0;
+  for (const auto& m : tenure::postgres::detail::embedded_migrations()) {
+    if (std::string_view{m.name}.ends_with("_copy_into_ready")) ready_version = m.version;
+  }
+  const std::string dsn = tenure::test::test_dsn();
+  const std::string schema = "upglegacy_" + tenure::test::random_suffix();
+  const cleanup drop{dsn, schema, schema + "_nobody"};
+  pg db{dsn};
+  ASSERT_TRUE(tenure::postgres::detail::migrate_up_to(dsn, schema, ready_version - 1));
+  // Jobs of the oldest schemas, whose enqueue checked fewer rules: args that are not an object,
+  // one due and scheduled, one running.
+  const std::string running = db.scalar("SELECT " + schema + ".enqueue('k', '{}', 'q')");
+  const std::string token = db.scalar("SELECT token FROM " + schema + ".claim('q')");
+  db.exec("UPDATE " + schema + ".receipts SET args = '\"old\"' WHERE job_id = " + running);
+  const std::string due = db.scalar("SELECT nextval('" + schema + ".job_id_seq')");
+  db.exec("INSERT INTO " + schema + ".deferred (id, queue, kind, args, priority, attempt, max_attempts, run_lease, "
+          "run_at, created_at, state) VALUES (" + due + ", 'q', 'k', '[1]', 2, 0, 25, 0, now() - interval '1 hour', "
+          "now() - interval '1 day', 'scheduled')");
+  auto upgraded = tenure::postgres::migrate(dsn, schema);
+  ASSERT_TRUE(upgraded) << upgraded.error().message();
+
+  EXPECT_EQ(db.scalar("SELECT " + schema + ".promote_due()"), "1");
+  const auto retried = db.query("SELECT * FROM " + schema + ".fail_job($1, 'boom', true)", {token});
+  EXPECT_TRUE(retried.ok) << retried.error;
+  db.exec("UPDATE " + schema + ".deferred SET run_at = now() - interval '1 second' WHERE id = " + running);
+  EXPECT_EQ(db.scalar("SELECT " + schema + ".promote_due()"), "1");
+  EXPECT_EQ(db.scalar("SELECT string_agg(args::text, ',' ORDER BY id) FROM " + schema + ".ready"), "\"old\",[1]");
+  // A job numbered after the upgrade is held to the rules.
+  EXPECT_EQ(db.query("INSERT INTO " + schema + ".ready (kind, args, queue) VALUES ('k', '[2]', 'q')").sqlstate, "23514");
+}
+
 // ---- where a fresh install may go --------------------------------------------------------------
 
 // An application's schema: a table and a function every role may call, as PostgreSQL grants it.
