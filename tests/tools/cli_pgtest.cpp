@@ -1663,6 +1663,20 @@ TEST_F(cli_doctor, insert_on_ready_beyond_the_six_job_columns_is_named) {
   finding_with(doc, "privileges", "error",
                "role " + role + " holds UPDATE on sequence " + schema_ + ".job_id_seq, which no tenure grant-* gives");
   EXPECT_EQ(findings_of(doc, "privileges").size(), 2u) << doc.dump(2);
+
+  // The producer's column and sequence grants, on a role that may not enqueue (a worker, or a
+  // producer whose functions were revoked): it could still write jobs straight into ready.
+  const auto worker = create_role();
+  expect_success(tenure({"grant-worker", worker}));
+  db_->exec("GRANT INSERT (kind, queue) ON " + schema_ + ".ready TO " + worker);
+  db_->exec("GRANT USAGE ON SEQUENCE " + schema_ + ".job_id_seq TO " + worker);
+  auto [w, wdoc] = doctor();
+  EXPECT_EQ(w.exit_code, 1) << w;
+  finding_with(wdoc, "privileges", "error",
+               "role " + worker + " holds INSERT on column " + schema_ + ".ready.kind, which no tenure grant-* gives");
+  finding_with(wdoc, "privileges", "error",
+               "role " + worker + " holds USAGE on sequence " + schema_ + ".job_id_seq, which no tenure grant-* gives");
+  EXPECT_EQ(findings_of(wdoc, "privileges").size(), 5u) << wdoc.dump(2);
 }
 
 TEST_F(cli_doctor, a_security_definer_function_without_search_path_is_named) {

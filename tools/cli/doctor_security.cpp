@@ -39,7 +39,8 @@ granted_lists granted_by_any_kind() {
 // object's owner, with the revoke statement (less its grantee) that takes it away. A NULL ACL
 // is the object's default (acldefault): for a function, EXECUTE for PUBLIC.
 //   $1 schema, $2 functions (newline-separated signatures), $3 relations (newline-separated),
-//   $4 column and sequence grants ("INSERT ready.kind", "USAGE job_id_seq"; newline-separated)
+//   $4 column and sequence grants ("INSERT ready.kind", "USAGE job_id_seq"; newline-separated),
+//      allowed only to a role that may also run enqueue_batch (they come with grant-producer)
 constexpr const char* k_privileges_sql = R"SQL(
 WITH n AS (SELECT oid, nspname, nspowner, nspacl FROM pg_catalog.pg_namespace WHERE nspname = $1),
 allowed_f AS (SELECT pg_catalog.to_regprocedure(pg_catalog.quote_ident($1) || '.' || f)::oid AS oid
@@ -47,6 +48,9 @@ allowed_f AS (SELECT pg_catalog.to_regprocedure(pg_catalog.quote_ident($1) || '.
 allowed_r AS (SELECT pg_catalog.to_regclass(pg_catalog.quote_ident($1) || '.' || r)::oid AS oid
                 FROM pg_catalog.unnest(pg_catalog.string_to_array($3, E'\n')) r),
 allowed_o AS (SELECT pg_catalog.string_to_array($4, E'\n') AS list),
+-- The column and sequence grants are a producer's: allowed to a role that may run enqueue_batch.
+producer AS (SELECT pg_catalog.to_regprocedure(pg_catalog.quote_ident($1) ||
+                    '.enqueue_batch(text[], jsonb[], text[], int[], timestamptz[], int[], jsonb[], text[])')::oid AS fn),
 acl AS (
   SELECT 'schema'::text AS kind, pg_catalog.quote_ident(n.nspname) AS object, n.nspowner AS owner,
          a.grantee, a.privilege_type, a.is_grantable, a.privilege_type = 'USAGE' AS allowed,
@@ -65,7 +69,9 @@ acl AS (
                         ELSE 'table' END,
          c.oid::pg_catalog.regclass::text, c.relowner, a.grantee, a.privilege_type, a.is_grantable,
          (a.privilege_type = 'SELECT' AND c.oid IN (SELECT oid FROM allowed_r WHERE oid IS NOT NULL))
-         OR a.privilege_type || ' ' || c.relname = ANY ((SELECT list FROM allowed_o)::text[]),
+         OR (a.privilege_type || ' ' || c.relname = ANY ((SELECT list FROM allowed_o)::text[])
+             AND a.grantee <> 0 AND (SELECT fn FROM producer) IS NOT NULL
+             AND pg_catalog.has_function_privilege(a.grantee, (SELECT fn FROM producer), 'EXECUTE')),
          pg_catalog.format('REVOKE %s ON %s %s', a.privilege_type,
                            CASE c.relkind WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END, c.oid::pg_catalog.regclass)
     FROM n JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f'),
@@ -75,7 +81,9 @@ acl AS (
   UNION ALL
   SELECT 'column', pg_catalog.format('%s.%I', c.oid::pg_catalog.regclass, t.attname), c.relowner,
          a.grantee, a.privilege_type, a.is_grantable,
-         a.privilege_type || ' ' || c.relname || '.' || t.attname = ANY ((SELECT list FROM allowed_o)::text[]),
+         a.privilege_type || ' ' || c.relname || '.' || t.attname = ANY ((SELECT list FROM allowed_o)::text[])
+           AND a.grantee <> 0 AND (SELECT fn FROM producer) IS NOT NULL
+           AND pg_catalog.has_function_privilege(a.grantee, (SELECT fn FROM producer), 'EXECUTE'),
          pg_catalog.format('REVOKE %s (%I) ON TABLE %s', a.privilege_type, t.attname, c.oid::pg_catalog.regclass)
     FROM n JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid
            JOIN pg_catalog.pg_attribute t ON t.attrelid = c.oid AND t.attnum > 0 AND NOT t.attisdropped

@@ -22,15 +22,17 @@
 --
 -- enqueue_copied_ready(n) finds the n rows of the COPY from the last id the session drew
 -- (currval: the COPY's last row), the transaction id that row carries (its xmin: the writing
--- transaction, or the savepoint's subtransaction it ran in), and the n highest ids at or below
+-- transaction, or the savepoint's subtransaction it ran in, which must be this transaction's and
+-- in progress, else NULL), and the n highest ids at or below
 -- it with that xmin (rows other sessions numbered in between carry other transaction ids; rows of
 -- an earlier batch in the same transaction have lower ids). It wakes the idle workers of their
 -- queues as enqueue_copied does and answers the ids in input order; NULL when the session drew
 -- no id, or when fewer than n such rows exist (nothing was copied just before).
 --
--- enqueue_copy_target(scheduled) answers '<schema>.ready' when `scheduled` is false and the
--- calling role may insert those columns and use the sequence; otherwise it does what
--- enqueue_copy_stage does (a stage's name, or NULL when there is none). Both functions go to the
+-- enqueue_copy_target(scheduled) answers '<schema>.ready' when `scheduled` is false, the
+-- transaction is not SERIALIZABLE (the read-back steps over other producers' rows, which would
+-- count as conflicts there) and the calling role may insert those columns and use the sequence;
+-- otherwise it does what enqueue_copy_stage does (a stage's name, or NULL when there is none). Both functions go to the
 -- roles that may run enqueue_batch, which also get the column grants and the sequence.
 
 ALTER TABLE @schema@.ready
@@ -75,7 +77,9 @@ DECLARE
   caller text := CASE WHEN current_setting('role') = 'none' THEN session_user
                       ELSE current_setting('role') END;
 BEGIN
-  IF scheduled IS FALSE
+  -- A SERIALIZABLE transaction takes the stage: the read-back of a COPY into `ready` steps over
+  -- other producers' rows in its id range, which SERIALIZABLE counts as conflicts (40001).
+  IF scheduled IS FALSE AND current_setting('transaction_isolation') <> 'serializable'
      AND has_sequence_privilege(caller, '@schema@.job_id_seq', 'USAGE')
      AND has_column_privilege(caller, '@schema@.ready', 'kind', 'INSERT')
      AND has_column_privilege(caller, '@schema@.ready', 'args', 'INSERT')
@@ -91,10 +95,11 @@ END $$;
 CREATE FUNCTION @schema@.enqueue_copied_ready(n int) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  last bigint;
-  mine xid;
-  top  bigint;
-  ids  bigint[];
+  last  bigint;
+  mine  xid;
+  top   bigint;
+  delta bigint;
+  ids   bigint[];
   q    text;
 BEGIN
   IF n IS NULL OR n < 1 THEN
@@ -109,10 +114,14 @@ BEGIN
   IF NOT FOUND THEN
     RETURN NULL;
   END IF;
-  -- The row must be this transaction's: written by its top-level transaction id or by a
-  -- subtransaction of it, whose ids come later (compared modulo 2^32, as xids wrap).
-  top := pg_current_xact_id()::text::bigint % 4294967296;
-  IF (mine::text::bigint - top + 4294967296) % 4294967296 >= 2147483648 THEN
+  -- The row must be this transaction's: written by its top-level transaction or by one of its
+  -- subtransactions, whose ids come later (xids compared modulo 2^32, as they wrap), and still in
+  -- progress (a later transaction that committed, e.g. a promotion that moved an older job of this
+  -- session back into `ready`, is not this one).
+  top := pg_current_xact_id()::text::bigint;
+  delta := (mine::text::bigint - top % 4294967296 + 4294967296) % 4294967296;
+  IF delta >= 2147483648
+     OR pg_xact_status((top + delta)::text::xid8) IS DISTINCT FROM 'in progress' THEN
     RETURN NULL;
   END IF;
   SELECT array_agg(s.id ORDER BY s.id) INTO ids

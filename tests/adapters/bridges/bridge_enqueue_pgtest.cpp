@@ -481,6 +481,21 @@ TEST_P(bridge_enqueue, copies_straight_into_ready_inside_savepoints_answer_each_
   EXPECT_EQ(count("jobs"), kept);
 }
 
+TEST_P(bridge_enqueue, a_serializable_transactions_batch_goes_through_the_stage) {
+  // The read-back of a COPY into ready steps over other producers' rows, which SERIALIZABLE would
+  // count as conflicts: such a transaction's batch takes the stage.
+  const std::vector<new_job> jobs(1'200, new_job{.kind = "k"});
+  auto tx = open_tx();
+  tx->begin();
+  tx->exec("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE");
+  tx->exec("SET LOCAL track_functions = 'pl'");
+  auto ids = tx->enqueue_batch(jobs, opts_);
+  ASSERT_TRUE(ids) << ids.error().message();
+  EXPECT_EQ(paths_called(*tx, schema_.name()), "batch 0, copied 1, ready 0");
+  ASSERT_TRUE(tx->commit());
+  EXPECT_EQ(count("jobs"), 1'200);
+}
+
 TEST_P(bridge_enqueue, concurrent_copies_straight_into_ready_each_answer_their_own_ids) {
   // Producers copying at once draw ids from one sequence, so their rows' ids interleave; each
   // read-back must answer exactly its own rows, in its own input order.

@@ -288,6 +288,25 @@ TEST_F(security, producer_copies_straight_into_ready_holding_insert_on_the_six_j
       << "a session that drew no id";
 }
 
+TEST_F(security, the_copy_read_back_never_answers_rows_another_transaction_moved_into_ready) {
+  grant(tenure::postgres::grant_kind::producer);
+  pg as_role{tenure::test::dsn_with_user(schema_.dsn(), role_)};
+  const std::string columns = " (kind, args, queue, priority, max_attempts, metadata)";
+  as_role.exec("INSERT INTO " + s("ready") + columns + " VALUES ('mine', '{}', 'q', 2, 25, '{}')");
+  admin_.exec("INSERT INTO " + s("ready") + " (id, kind, queue) VALUES (nextval('" + s("job_id_seq") +
+              "'), 'theirs', 'q')");
+  // The producer's next transaction has its id; then another transaction moves the producer's
+  // earlier job, and one numbered after it, back into ready (as a promotion or rescue would).
+  as_role.exec("BEGIN");
+  as_role.exec("SELECT pg_current_xact_id()");
+  admin_.exec("WITH moved AS (DELETE FROM " + s("ready") + " RETURNING *) INSERT INTO " + s("ready") +
+              " SELECT * FROM moved");
+  const auto r = as_role.query("SELECT " + s("enqueue_copied_ready") + "(1)");
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_EQ(r.rows.at(0).at(0), std::nullopt) << "rows this transaction did not write";
+  as_role.exec("ROLLBACK");
+}
+
 TEST_F(security, a_producer_without_the_column_grants_is_offered_the_stage_instead_of_ready) {
   grant(tenure::postgres::grant_kind::producer);
   admin_.exec("REVOKE INSERT (metadata) ON " + s("ready") + " FROM " + role_);
