@@ -2,6 +2,7 @@
 // against PostgreSQL come from `tenure bench` (tools/bench). Run: build/bench/tenure_micro_bench
 #include <benchmark/benchmark.h>
 
+#include "tenure/postgres/sql_text.hpp"
 #include "tenure/sqlite/store.hpp"
 #include "tenure/clock.hpp"
 #include "tenure/job.hpp"
@@ -44,6 +45,15 @@ void sqlite_cycle(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * n);
 }
 BENCHMARK(sqlite_cycle)->Arg(100)->Arg(1000);
+
+/// The client's side of a COPY straight into ready: checking N jobs and writing their COPY text.
+void copy_ready_rows(benchmark::State& state) {
+  const std::vector<tenure::new_job> jobs(static_cast<std::size_t>(state.range(0)),
+                                          tenure::new_job{.kind = "noop", .args = {{"user", 42}}, .queue = "mail"});
+  for (auto _ : state) benchmark::DoNotOptimize(tenure::postgres::enqueue_copy_ready_rows(jobs));
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+BENCHMARK(copy_ready_rows)->Arg(5000);
 
 }  // namespace
 
