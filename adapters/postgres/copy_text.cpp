@@ -37,17 +37,20 @@ bool append_json(std::string& out, const nlohmann::json& v) {
   }
 }
 
-}  // namespace
-
-result<std::string> enqueue_copy_rows(std::span<const new_job> jobs) {
+/// The COPY text of `jobs`: for the stage, `ord` first and run_at after priority; for `ready`,
+/// neither (a scheduled job is refused there).
+result<std::string> copy_rows(std::span<const new_job> jobs, bool stage) {
   std::string out;
   out.reserve(jobs.size() * 48);
   std::size_t ord = 0;
   for (const auto& j : jobs) {
     TENURE_TRYV(validate(j));
     if (j.unique_key) return error{errc::invalid_argument, "a job with a unique_key cannot be enqueued over COPY"};
-    out += std::to_string(++ord);
-    out += '\t';
+    if (!stage && j.run_at) return error{errc::invalid_argument, "a scheduled job cannot be copied straight into ready"};
+    if (stage) {
+      out += std::to_string(++ord);
+      out += '\t';
+    }
     append_field(out, j.kind);
     out += '\t';
     if (!append_json(out, j.args)) return error{errc::invalid_argument, "args cannot be written as JSON text"};
@@ -56,8 +59,10 @@ result<std::string> enqueue_copy_rows(std::span<const new_job> jobs) {
     out += '\t';
     out += std::to_string(j.priority);
     out += '\t';
-    out += j.run_at ? timestamp_text(*j.run_at) : std::string{"\\N"};
-    out += '\t';
+    if (stage) {
+      out += j.run_at ? timestamp_text(*j.run_at) : std::string{"\\N"};
+      out += '\t';
+    }
     out += std::to_string(j.max_attempts);
     out += '\t';
     if (!append_json(out, j.metadata)) return error{errc::invalid_argument, "metadata cannot be written as JSON text"};
@@ -66,28 +71,11 @@ result<std::string> enqueue_copy_rows(std::span<const new_job> jobs) {
   return out;
 }
 
-result<std::string> enqueue_copy_ready_rows(std::span<const new_job> jobs) {
-  std::string out;
-  out.reserve(jobs.size() * 40);
-  for (const auto& j : jobs) {
-    TENURE_TRYV(validate(j));
-    if (j.unique_key) return error{errc::invalid_argument, "a job with a unique_key cannot be enqueued over COPY"};
-    if (j.run_at) return error{errc::invalid_argument, "a scheduled job cannot be copied straight into ready"};
-    append_field(out, j.kind);
-    out += '\t';
-    if (!append_json(out, j.args)) return error{errc::invalid_argument, "args cannot be written as JSON text"};
-    out += '\t';
-    append_field(out, j.queue);
-    out += '\t';
-    out += std::to_string(j.priority);
-    out += '\t';
-    out += std::to_string(j.max_attempts);
-    out += '\t';
-    if (!append_json(out, j.metadata)) return error{errc::invalid_argument, "metadata cannot be written as JSON text"};
-    out += '\n';
-  }
-  return out;
-}
+}  // namespace
+
+result<std::string> enqueue_copy_rows(std::span<const new_job> jobs) { return copy_rows(jobs, true); }
+
+result<std::string> enqueue_copy_ready_rows(std::span<const new_job> jobs) { return copy_rows(jobs, false); }
 
 result<std::string> enqueue_copy_ready_statement(std::string_view schema) {
   if (!valid_schema_name(schema)) return error{errc::invalid_argument, "invalid schema name '" + std::string{schema} + "'"};

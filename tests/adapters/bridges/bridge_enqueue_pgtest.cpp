@@ -32,6 +32,11 @@ class bridge_enqueue : public ::testing::TestWithParam<bridge> {
   std::string s(const std::string& n) const { return schema_.name() + "." + n; }
   long count(const std::string& table) { return std::stol(check_.scalar("SELECT count(*) FROM " + s(table))); }
   std::string insert_order() const { return "INSERT INTO " + s("orders") + " (note) VALUES ('paid')"; }
+  void expect_copied_in_input_order(const std::vector<new_job>& jobs, const std::string& paths);
+  std::vector<std::int64_t> committed_through(const std::vector<std::string>& setup, const std::vector<new_job>& jobs,
+                                              const std::string& paths);
+  std::vector<std::string> woken_by(const std::vector<new_job>& jobs, const std::vector<std::string>& idle,
+                                    const std::string& paths);
   std::vector<tenure::claimed_attempt> claim(int n) {
     auto st = tenure::postgres::store::open({.dsn = schema_.dsn(), .schema = schema_.name()});
     EXPECT_TRUE(st) << st.error().message();
@@ -336,7 +341,8 @@ std::string paths_called(caller_tx& tx, const std::string& schema) {
                    schema + ".enqueue_copied_ready'::regproc), 0)");
 }
 
-TEST_P(bridge_enqueue, a_large_batch_inside_a_transaction_goes_through_copy_with_ids_in_input_order) {
+/// 2,500 jobs whose fields vary and whose text needs COPY's escapes; one carries metadata.
+std::vector<new_job> varied_jobs() {
   std::vector<new_job> jobs;
   for (int i = 0; i < 2'500; ++i) {
     jobs.push_back({.kind = i % 3 ? "k" : "k\\slash",
@@ -345,8 +351,29 @@ TEST_P(bridge_enqueue, a_large_batch_inside_a_transaction_goes_through_copy_with
                     .priority = 1 + i % 4,
                     .max_attempts = 1 + i % 7});
   }
-  jobs[7].run_at = tenure::clock_type::now() + 1h;
   jobs[11].metadata = {{"traceparent", "00-4bf9-01"}, {"tab", "a\tb"}};
+  return jobs;
+}
+
+/// Enqueues `jobs` in a caller transaction that first runs `setup`, expects it to take `paths`
+/// (as paths_called() says), commits, and answers the ids (none when anything failed).
+std::vector<std::int64_t> bridge_enqueue::committed_through(const std::vector<std::string>& setup,
+                                                            const std::vector<new_job>& jobs, const std::string& paths) {
+  auto tx = open_tx();
+  tx->begin();
+  for (const auto& sql : setup) tx->exec(sql);
+  tx->exec("SET LOCAL track_functions = 'pl'");
+  auto ids = tx->enqueue_batch(jobs, opts_);
+  EXPECT_TRUE(ids) << ids.error().message();
+  if (!ids) return {};
+  EXPECT_EQ(paths_called(*tx, schema_.name()), paths);
+  EXPECT_TRUE(tx->commit());
+  return ids.value();
+}
+
+/// Enqueues `jobs` in one caller transaction, which must take `paths` (as paths_called() says),
+/// and checks that the ids come back in input order, each naming its job with every field.
+void bridge_enqueue::expect_copied_in_input_order(const std::vector<new_job>& jobs, const std::string& paths) {
   auto tx = open_tx();
   tx->begin();
   tx->exec(insert_order());
@@ -354,78 +381,46 @@ TEST_P(bridge_enqueue, a_large_batch_inside_a_transaction_goes_through_copy_with
   auto ids = tx->enqueue_batch(jobs, opts_);
   ASSERT_TRUE(ids) << ids.error().message();
   ASSERT_EQ(ids.value().size(), jobs.size());
-  EXPECT_EQ(paths_called(*tx, schema_.name()), "batch 0, copied 1, ready 0") << "a scheduled job: through the stage";
+  EXPECT_EQ(paths_called(*tx, schema_.name()), paths);
   EXPECT_EQ(count("jobs"), 0) << "invisible before the caller commits";
   ASSERT_TRUE(tx->commit());
-  EXPECT_EQ(count("jobs"), 2'500);
+  EXPECT_EQ(count("jobs"), static_cast<long>(jobs.size()));
   EXPECT_EQ(count("orders"), 1);
   EXPECT_TRUE(std::is_sorted(ids.value().begin(), ids.value().end()));
   EXPECT_EQ(std::adjacent_find(ids.value().begin(), ids.value().end()), ids.value().end());
-  for (std::size_t i = 0; i < jobs.size(); i += 97) {
-    const auto row = check_.query("SELECT kind, args::text, queue, priority, max_attempts, metadata::text, state FROM " +
-                                      s("jobs") + " WHERE id = $1",
+  for (std::size_t i = 0; i < jobs.size(); i += (i < 11 ? 1 : 97)) {
+    const auto row = check_.query("SELECT kind, args::text, queue, priority, max_attempts, metadata::text, state, "
+                                  "attempt FROM " + s("jobs") + " WHERE id = $1",
                                   {std::to_string(ids.value()[i])});
     ASSERT_TRUE(row.ok && row.rows.size() == 1) << i;
-    EXPECT_EQ(row.at(0, 0), jobs[i].kind) << i;
-    EXPECT_EQ(nlohmann::json::parse(row.at(0, 1)), jobs[i].args) << i;
-    EXPECT_EQ(row.at(0, 2), jobs[i].queue) << i;
-    EXPECT_EQ(row.at(0, 3), std::to_string(jobs[i].priority)) << i;
-    EXPECT_EQ(row.at(0, 4), std::to_string(jobs[i].max_attempts)) << i;
-    EXPECT_EQ(row.at(0, 6), "available") << i;
+    const auto& j = jobs[i];
+    EXPECT_EQ(row.at(0, 0), j.kind) << i;
+    EXPECT_EQ(nlohmann::json::parse(row.at(0, 1)), j.args) << i;
+    EXPECT_EQ(row.at(0, 2), j.queue) << i;
+    EXPECT_EQ(row.at(0, 3), std::to_string(j.priority)) << i;
+    EXPECT_EQ(row.at(0, 4), std::to_string(j.max_attempts)) << i;
+    EXPECT_EQ(nlohmann::json::parse(row.at(0, 5)), j.metadata.is_null() ? nlohmann::json::object() : j.metadata) << i;
+    EXPECT_EQ(row.at(0, 6), j.run_at ? "scheduled" : "available") << i;
+    EXPECT_EQ(row.at(0, 7), "0") << i;
   }
-  EXPECT_EQ(check_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {std::to_string(ids.value()[7])}),
-            "scheduled");
-  EXPECT_EQ(nlohmann::json::parse(check_.scalar("SELECT metadata::text FROM " + s("jobs") + " WHERE id = $1",
-                                                {std::to_string(ids.value()[11])})),
-            jobs[11].metadata);
+}
+
+TEST_P(bridge_enqueue, a_large_batch_inside_a_transaction_goes_through_copy_with_ids_in_input_order) {
+  auto jobs = varied_jobs();
+  jobs[7].run_at = tenure::clock_type::now() + 1h;
+  expect_copied_in_input_order(jobs, "batch 0, copied 1, ready 0");  // a scheduled job: through the stage
 }
 
 TEST_P(bridge_enqueue, a_batch_of_jobs_to_run_now_is_copied_straight_into_ready_with_ids_in_input_order) {
-  std::vector<new_job> jobs;
-  for (int i = 0; i < 2'500; ++i) {
-    jobs.push_back({.kind = i % 3 ? "k" : "k\\slash",
-                    .args = {{"i", i}, {"text", "tab\tnew\nline \\ \"quote\" {,} \u00e9\u2713"}},
-                    .queue = i % 2 ? "odd" : "even",
-                    .priority = 1 + i % 4,
-                    .max_attempts = 1 + i % 7});
-  }
-  jobs[11].metadata = {{"traceparent", "00-4bf9-01"}, {"tab", "a\tb"}};
+  expect_copied_in_input_order(varied_jobs(), "batch 0, copied 0, ready 1");
   auto tx = open_tx();
   tx->begin();
-  tx->exec(insert_order());
-  tx->exec("SET LOCAL track_functions = 'pl'");
-  auto ids = tx->enqueue_batch(jobs, opts_);
-  ASSERT_TRUE(ids) << ids.error().message();
-  ASSERT_EQ(ids.value().size(), jobs.size());
-  EXPECT_EQ(paths_called(*tx, schema_.name()), "batch 0, copied 0, ready 1");
+  ASSERT_TRUE(tx->enqueue_batch(varied_jobs(), opts_));
   EXPECT_EQ(tx->scalar("SELECT to_regclass('pg_temp.tenure_enqueue_' || '" + schema_.name() +
                        "'::regnamespace::oid) IS NULL"),
             "t")
       << "no stage was made in this session";
-  EXPECT_EQ(count("jobs"), 0) << "invisible before the caller commits";
-  ASSERT_TRUE(tx->commit());
-  EXPECT_EQ(count("jobs"), 2'500);
-  EXPECT_EQ(count("orders"), 1);
-  EXPECT_TRUE(std::is_sorted(ids.value().begin(), ids.value().end()));
-  EXPECT_EQ(std::adjacent_find(ids.value().begin(), ids.value().end()), ids.value().end());
-  for (std::size_t i = 0; i < jobs.size(); i += 97) {
-    const auto row = check_.query("SELECT kind, args::text, queue, priority, max_attempts, metadata::text, state, "
-                                  "attempt, run_at = created_at FROM " + s("jobs") + " WHERE id = $1",
-                                  {std::to_string(ids.value()[i])});
-    ASSERT_TRUE(row.ok && row.rows.size() == 1) << i;
-    EXPECT_EQ(row.at(0, 0), jobs[i].kind) << i;
-    EXPECT_EQ(nlohmann::json::parse(row.at(0, 1)), jobs[i].args) << i;
-    EXPECT_EQ(row.at(0, 2), jobs[i].queue) << i;
-    EXPECT_EQ(row.at(0, 3), std::to_string(jobs[i].priority)) << i;
-    EXPECT_EQ(row.at(0, 4), std::to_string(jobs[i].max_attempts)) << i;
-    EXPECT_EQ(nlohmann::json::parse(row.at(0, 5)), jobs[i].metadata.is_null() ? nlohmann::json::object() : jobs[i].metadata) << i;
-    EXPECT_EQ(row.at(0, 6), "available") << i;
-    EXPECT_EQ(row.at(0, 7), "0") << i;
-    EXPECT_EQ(row.at(0, 8), "t") << i;
-  }
-  EXPECT_EQ(nlohmann::json::parse(check_.scalar("SELECT metadata::text FROM " + s("jobs") + " WHERE id = $1",
-                                                {std::to_string(ids.value()[11])})),
-            jobs[11].metadata);
+  tx->rollback();
 }
 
 TEST_P(bridge_enqueue, copies_straight_into_ready_inside_savepoints_answer_each_batch_its_own_ids) {
@@ -484,15 +479,9 @@ TEST_P(bridge_enqueue, copies_straight_into_ready_inside_savepoints_answer_each_
 TEST_P(bridge_enqueue, a_serializable_transactions_batch_goes_through_the_stage) {
   // The read-back of a COPY into ready steps over other producers' rows, which SERIALIZABLE would
   // count as conflicts: such a transaction's batch takes the stage.
-  const std::vector<new_job> jobs(1'200, new_job{.kind = "k"});
-  auto tx = open_tx();
-  tx->begin();
-  tx->exec("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE");
-  tx->exec("SET LOCAL track_functions = 'pl'");
-  auto ids = tx->enqueue_batch(jobs, opts_);
-  ASSERT_TRUE(ids) << ids.error().message();
-  EXPECT_EQ(paths_called(*tx, schema_.name()), "batch 0, copied 1, ready 0");
-  ASSERT_TRUE(tx->commit());
+  const auto ids = committed_through({"SET TRANSACTION ISOLATION LEVEL SERIALIZABLE"},
+                                     std::vector<new_job>(1'200, new_job{.kind = "k"}), "batch 0, copied 1, ready 0");
+  EXPECT_EQ(ids.size(), 1'200u);
   EXPECT_EQ(count("jobs"), 1'200);
 }
 
@@ -595,18 +584,12 @@ TEST_P(bridge_enqueue, a_batch_below_the_threshold_with_a_key_or_with_copy_off_g
 
 TEST_P(bridge_enqueue, a_connection_not_in_utf8_sends_large_batches_over_arrays) {
   // COPY's text is escaped byte by byte; only a UTF-8 session gets it.
-  const std::vector<new_job> jobs(1'500, new_job{.kind = "k", .args = {{"s", "a\\b"}}});
-  auto tx = open_tx();
-  tx->begin();
-  tx->exec("SET LOCAL client_encoding = 'LATIN1'");
-  tx->exec("SET LOCAL track_functions = 'pl'");
-  auto ids = tx->enqueue_batch(jobs, opts_);
-  ASSERT_TRUE(ids) << ids.error().message();
-  EXPECT_EQ(paths_called(*tx, schema_.name()), "batch 1, copied 0, ready 0");
-  ASSERT_TRUE(tx->commit());
+  const auto ids = committed_through({"SET LOCAL client_encoding = 'LATIN1'"},
+                                     std::vector<new_job>(1'500, new_job{.kind = "k", .args = {{"s", "a\\b"}}}),
+                                     "batch 1, copied 0, ready 0");
+  ASSERT_FALSE(ids.empty());
   EXPECT_EQ(count("jobs"), 1'500);
-  EXPECT_EQ(check_.scalar("SELECT args->>'s' FROM " + s("jobs") + " WHERE id = $1", {std::to_string(ids.value()[0])}),
-            "a\\b");
+  EXPECT_EQ(check_.scalar("SELECT args->>'s' FROM " + s("jobs") + " WHERE id = $1", {std::to_string(ids[0])}), "a\\b");
 }
 
 TEST_P(bridge_enqueue, a_large_batch_outside_a_transaction_commits_on_its_own_over_arrays) {
@@ -648,46 +631,36 @@ TEST_P(bridge_enqueue, a_connection_lost_before_a_copy_enqueue_is_unavailable_an
   EXPECT_EQ(count("orders"), 0);
 }
 
-TEST_P(bridge_enqueue, a_copy_enqueue_wakes_an_idle_worker_of_each_queue_with_a_job_ready_now) {
+/// The queues whose idle workers were woken while `jobs` were enqueued in one caller transaction
+/// (workers of queues `idle` said they sleep), in the order of the notifications; `paths` as
+/// paths_called() says.
+std::vector<std::string> bridge_enqueue::woken_by(const std::vector<new_job>& jobs, const std::vector<std::string>& idle,
+                                                  const std::string& paths) {
   pg listener{schema_.dsn()};
   listener.exec("LISTEN " + schema_.name() + "_wake");
-  check_.exec("SELECT " + s("worker_idle") + "('now', 'w1')");
-  check_.exec("SELECT " + s("worker_idle") + "('later', 'w2')");
-  std::vector<new_job> jobs(1'500, new_job{.kind = "k", .queue = "now"});
-  jobs.push_back({.kind = "k", .queue = "later", .run_at = tenure::clock_type::now() + 1h});
-  auto tx = open_tx();
-  tx->begin();
-  ASSERT_TRUE(tx->enqueue_batch(jobs, opts_));
-  ASSERT_TRUE(tx->commit());
+  for (const auto& q : idle) check_.exec("SELECT " + s("worker_idle") + "($1, 'w-' || $1)", {q});
+  EXPECT_EQ(committed_through({}, jobs, paths).size(), jobs.size());
   listener.query("SELECT 1");
   std::vector<std::string> woken;
   while (PGnotify* n = PQnotifies(listener.native())) {
     woken.emplace_back(n->extra);
     PQfreemem(n);
   }
-  EXPECT_EQ(woken, std::vector<std::string>{"now"}) << "the scheduled job's queue has nothing to run yet";
+  return woken;
+}
+
+TEST_P(bridge_enqueue, a_copy_enqueue_wakes_an_idle_worker_of_each_queue_with_a_job_ready_now) {
+  std::vector<new_job> jobs(1'500, new_job{.kind = "k", .queue = "now"});
+  jobs.push_back({.kind = "k", .queue = "later", .run_at = tenure::clock_type::now() + 1h});
+  EXPECT_EQ(woken_by(jobs, {"now", "later"}, "batch 0, copied 1, ready 0"), std::vector<std::string>{"now"})
+      << "the scheduled job's queue has nothing to run yet";
 }
 
 TEST_P(bridge_enqueue, a_copy_straight_into_ready_wakes_an_idle_worker_of_each_of_its_queues) {
-  pg listener{schema_.dsn()};
-  listener.exec("LISTEN " + schema_.name() + "_wake");
-  check_.exec("SELECT " + s("worker_idle") + "('a', 'w1')");
-  check_.exec("SELECT " + s("worker_idle") + "('b', 'w2')");
   std::vector<new_job> jobs(1'500, new_job{.kind = "k", .queue = "a"});
   jobs[700].queue = "b";
   jobs[701].queue = "nobody_waits";
-  auto tx = open_tx();
-  tx->begin();
-  tx->exec("SET LOCAL track_functions = 'pl'");
-  ASSERT_TRUE(tx->enqueue_batch(jobs, opts_));
-  EXPECT_EQ(paths_called(*tx, schema_.name()), "batch 0, copied 0, ready 1");
-  ASSERT_TRUE(tx->commit());
-  listener.query("SELECT 1");
-  std::vector<std::string> woken;
-  while (PGnotify* n = PQnotifies(listener.native())) {
-    woken.emplace_back(n->extra);
-    PQfreemem(n);
-  }
+  auto woken = woken_by(jobs, {"a", "b"}, "batch 0, copied 0, ready 1");
   std::sort(woken.begin(), woken.end());
   EXPECT_EQ(woken, (std::vector<std::string>{"a", "b"}));
 }

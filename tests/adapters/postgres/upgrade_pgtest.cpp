@@ -27,6 +27,15 @@ struct cleanup {
   }
 };
 
+/// The version of the embedded migration whose name ends with `suffix` (0 when none does): found by
+/// name, as versions are renumbered when merged.
+int version_named(std::string_view suffix) {
+  for (const auto& m : tenure::postgres::detail::embedded_migrations()) {
+    if (std::string_view{m.name}.ends_with(suffix)) return m.version;
+  }
+  return 0;
+}
+
 // Installs version `from`, opens two attempts through that version's functions (and grants a
 // role one of them), upgrades to the latest, then finishes the work through the new functions.
 void upgrade_keeps_open_attempts_and_their_guards(int from) {
@@ -95,13 +104,8 @@ TEST(schema_upgrade, every_older_version_upgrades_with_open_attempts_kept_and_st
   }
 }
 
-// The version that added job metadata (found by name: versions are renumbered when merged).
-int metadata_version() {
-  for (const auto& m : tenure::postgres::detail::embedded_migrations()) {
-    if (std::string_view{m.name}.ends_with("_job_metadata")) return m.version;
-  }
-  return 0;
-}
+// The version that added job metadata.
+int metadata_version() { return version_named("_job_metadata"); }
 
 TEST(schema_upgrade, jobs_from_before_metadata_read_an_empty_object_in_place_and_roles_keep_their_grants) {
   const int before = metadata_version() - 1;
@@ -160,10 +164,7 @@ TEST(schema_upgrade, jobs_from_before_metadata_read_an_empty_object_in_place_and
 }
 
 TEST(schema_upgrade, producers_keep_their_grants_on_the_keyed_enqueue_functions_and_old_jobs_have_no_key) {
-  int unique_version = 0;
-  for (const auto& m : tenure::postgres::detail::embedded_migrations()) {
-    if (std::string_view{m.name}.ends_with("_unique_jobs")) unique_version = m.version;
-  }
+  const int unique_version = version_named("_unique_jobs");
   ASSERT_GE(unique_version, 2);
   const std::string dsn = tenure::test::test_dsn();
   const std::string schema = "upguniq_" + tenure::test::random_suffix();
@@ -196,10 +197,7 @@ TEST(schema_upgrade, producers_keep_their_grants_on_the_keyed_enqueue_functions_
 }
 
 TEST(schema_upgrade, producers_of_an_older_schema_get_the_copy_enqueue_path_with_it) {
-  int copy_version = 0;
-  for (const auto& m : tenure::postgres::detail::embedded_migrations()) {
-    if (std::string_view{m.name}.ends_with("_copy_enqueue")) copy_version = m.version;
-  }
+  const int copy_version = version_named("_copy_enqueue");
   ASSERT_GE(copy_version, 2);
   const std::string dsn = tenure::test::test_dsn();
   const std::string schema = "upgcopy_" + tenure::test::random_suffix();
@@ -227,10 +225,7 @@ TEST(schema_upgrade, producers_of_an_older_schema_get_the_copy_enqueue_path_with
 }
 
 TEST(schema_upgrade, producers_of_an_older_schema_get_the_copy_straight_into_ready_with_it) {
-  int ready_version = 0;
-  for (const auto& m : tenure::postgres::detail::embedded_migrations()) {
-    if (std::string_view{m.name}.ends_with("_copy_into_ready")) ready_version = m.version;
-  }
+  const int ready_version = version_named("_copy_into_ready");
   ASSERT_GE(ready_version, 2);
   const std::string dsn = tenure::test::test_dsn();
   const std::string schema = "upgready_" + tenure::test::random_suffix();
@@ -265,10 +260,7 @@ TEST(schema_upgrade, producers_of_an_older_schema_get_the_copy_straight_into_rea
 }
 
 TEST(schema_upgrade, a_job_from_before_readys_checks_that_breaks_them_is_still_promoted_and_retried) {
-  int ready_version = 0;
-  for (const auto& m : tenure::postgres::detail::embedded_migrations()) {
-    if (std::string_view{m.name}.ends_with("_copy_into_ready")) ready_version = m.version;
-  }
+  const int ready_version = version_named("_copy_into_ready");
   const std::string dsn = tenure::test::test_dsn();
   const std::string schema = "upglegacy_" + tenure::test::random_suffix();
   const cleanup drop{dsn, schema, schema + "_nobody"};
