@@ -1,4 +1,5 @@
 // The text the bulk enqueue over COPY sends: rows in COPY's text format and the COPY statement.
+#include <algorithm>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -77,11 +78,6 @@ result<std::string> enqueue_copy_rows(std::span<const new_job> jobs) { return co
 
 result<std::string> enqueue_copy_ready_rows(std::span<const new_job> jobs) { return copy_rows(jobs, false); }
 
-result<std::string> enqueue_copy_ready_statement(std::string_view schema) {
-  if (!valid_schema_name(schema)) return error{errc::invalid_argument, "invalid schema name '" + std::string{schema} + "'"};
-  return "COPY " + std::string{schema} + ".ready (kind, args, queue, priority, max_attempts, metadata) FROM STDIN";
-}
-
 result<std::string> enqueue_copy_statement(std::optional<std::string_view> stage) {
   constexpr std::string_view prefix = "pg_temp.tenure_enqueue_";
   if (!stage || !stage->starts_with(prefix) || stage->size() == prefix.size() ||
@@ -90,6 +86,30 @@ result<std::string> enqueue_copy_statement(std::optional<std::string_view> stage
     return errc::protocol_error;
   }
   return "COPY " + std::string{*stage} + " (ord, kind, args, queue, priority, run_at, max_attempts, metadata) FROM STDIN";
+}
+
+result<copy_into> enqueue_copy_into(std::string_view answer, std::string_view schema, bool scheduled) {
+  if (!valid_schema_name(schema)) return error{errc::invalid_argument, "invalid schema name '" + std::string{schema} + "'"};
+  if (answer.size() == schema.size() + 6 && answer.starts_with(schema) && answer.ends_with(".ready")) {
+    if (scheduled) {
+      tenure::logger()->error("tenure: enqueue_copy_target answered ready for a batch with scheduled jobs");
+      return errc::protocol_error;
+    }
+    return copy_into{.table = std::string{answer},
+                     .sql = "COPY " + std::string{answer} +
+                            " (kind, args, queue, priority, max_attempts, metadata) FROM STDIN",
+                     .ready = true};
+  }
+  TENURE_TRY(auto sql, enqueue_copy_statement(answer));
+  return copy_into{.table = std::string{answer}, .sql = std::move(sql), .ready = false};
+}
+
+result<std::string> enqueue_copy_rows_for(std::span<const new_job> jobs, const copy_into& into) {
+  return copy_rows(jobs, !into.ready);
+}
+
+bool any_scheduled(std::span<const new_job> jobs) noexcept {
+  return std::any_of(jobs.begin(), jobs.end(), [](const new_job& j) { return j.run_at.has_value(); });
 }
 
 }  // namespace tenure::postgres

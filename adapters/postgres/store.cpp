@@ -105,7 +105,7 @@ result<std::vector<enqueue_result>> copied_ids(std::string_view text, std::size_
 /// The commit is the write: lost there, errc::commit_in_doubt. nullopt, with nothing written, when
 /// the server offers nowhere to COPY or the session is not UTF-8.
 result<std::optional<std::vector<enqueue_result>>> store::copy_enqueue(std::span<const new_job> jobs) {
-  const bool scheduled = std::any_of(jobs.begin(), jobs.end(), [](const new_job& j) { return j.run_at.has_value(); });
+  const bool scheduled = any_scheduled(jobs);
   TENURE_TRY(auto data, scheduled ? enqueue_copy_rows(jobs) : enqueue_copy_ready_rows(jobs));
   return impl_->with_connection([&](connection& c) -> result<std::optional<std::vector<enqueue_result>>> {
     // COPY's text format is escaped byte by byte: only on a UTF-8 session (a client-only multibyte
@@ -121,25 +121,16 @@ result<std::optional<std::vector<enqueue_result>>> store::copy_enqueue(std::span
     // the pool.
     if (target.size() == 1 && target.is_null(0, 0)) return std::optional<std::vector<enqueue_result>>{};
     if (target.size() != 1) return errc::protocol_error;
-    const std::string table{target.text(0, 0)};
-    const bool ready = table == impl_->opt.schema + ".ready" && !scheduled;
-    std::string copy_sql;
-    if (ready) {
-      TENURE_TRY(auto sql, enqueue_copy_ready_statement(impl_->opt.schema));
-      copy_sql = std::move(sql);
-    } else {
-      TENURE_TRY(auto sql, enqueue_copy_statement(table));
-      copy_sql = std::move(sql);
-      // Not offered `ready` (this role lacks its column grants): the stage's rows after all.
-      if (!scheduled) {
-        TENURE_TRY(auto staged, enqueue_copy_rows(jobs));
-        data = std::move(staged);
-      }
+    TENURE_TRY(auto into, enqueue_copy_into(target.text(0, 0), impl_->opt.schema, scheduled));
+    // Not offered `ready` (this role lacks its column grants): the stage's rows after all.
+    if (!into.ready && !scheduled) {
+      TENURE_TRY(auto staged, enqueue_copy_rows_for(jobs, into));
+      data = std::move(staged);
     }
-    TENURE_TRYV(c.copy_in(copy_sql, data, effect::read));
-    TENURE_TRY(auto moved, ready ? c.exec(impl_->st.copy_ready_ids, {number(static_cast<std::int64_t>(jobs.size()))},
-                                          effect::read)
-                                 : c.exec(impl_->st.copy_move, {}, effect::read));
+    TENURE_TRYV(c.copy_in(into.sql, data, effect::read));
+    const auto n = number(static_cast<std::int64_t>(jobs.size()));
+    TENURE_TRY(auto moved, into.ready ? c.exec(impl_->st.copy_ready_ids, {n}, effect::read)
+                                      : c.exec(impl_->st.copy_move, {}, effect::read));
     if (moved.size() != 1 || moved.is_null(0, 0)) return errc::protocol_error;
     TENURE_TRY(auto out, copied_ids(moved.text(0, 0), jobs.size()));
     TENURE_TRY(auto committed, c.exec_script("COMMIT", effect::write));

@@ -48,9 +48,11 @@ allowed_f AS (SELECT pg_catalog.to_regprocedure(pg_catalog.quote_ident($1) || '.
 allowed_r AS (SELECT pg_catalog.to_regclass(pg_catalog.quote_ident($1) || '.' || r)::oid AS oid
                 FROM pg_catalog.unnest(pg_catalog.string_to_array($3, E'\n')) r),
 allowed_o AS (SELECT pg_catalog.string_to_array($4, E'\n') AS list),
--- The column and sequence grants are a producer's: allowed to a role that may run enqueue_batch.
-producer AS (SELECT pg_catalog.to_regprocedure(pg_catalog.quote_ident($1) ||
-                    '.enqueue_batch(text[], jsonb[], text[], int[], timestamptz[], int[], jsonb[], text[])')::oid AS fn),
+-- The column and sequence grants are a producer's: allowed to the roles that may run enqueue_batch.
+producers AS (SELECT r.oid FROM pg_catalog.pg_roles r,
+                     pg_catalog.to_regprocedure(pg_catalog.quote_ident($1) ||
+                       '.enqueue_batch(text[], jsonb[], text[], int[], timestamptz[], int[], jsonb[], text[])') f(fn)
+               WHERE f.fn IS NOT NULL AND pg_catalog.has_function_privilege(r.oid, f.fn, 'EXECUTE')),
 acl AS (
   SELECT 'schema'::text AS kind, pg_catalog.quote_ident(n.nspname) AS object, n.nspowner AS owner,
          a.grantee, a.privilege_type, a.is_grantable, a.privilege_type = 'USAGE' AS allowed,
@@ -70,8 +72,7 @@ acl AS (
          c.oid::pg_catalog.regclass::text, c.relowner, a.grantee, a.privilege_type, a.is_grantable,
          (a.privilege_type = 'SELECT' AND c.oid IN (SELECT oid FROM allowed_r WHERE oid IS NOT NULL))
          OR (a.privilege_type || ' ' || c.relname = ANY ((SELECT list FROM allowed_o)::text[])
-             AND a.grantee <> 0 AND (SELECT fn FROM producer) IS NOT NULL
-             AND pg_catalog.has_function_privilege(a.grantee, (SELECT fn FROM producer), 'EXECUTE')),
+             AND a.grantee IN (SELECT oid FROM producers)),
          pg_catalog.format('REVOKE %s ON %s %s', a.privilege_type,
                            CASE c.relkind WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END, c.oid::pg_catalog.regclass)
     FROM n JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f'),
@@ -82,8 +83,7 @@ acl AS (
   SELECT 'column', pg_catalog.format('%s.%I', c.oid::pg_catalog.regclass, t.attname), c.relowner,
          a.grantee, a.privilege_type, a.is_grantable,
          a.privilege_type || ' ' || c.relname || '.' || t.attname = ANY ((SELECT list FROM allowed_o)::text[])
-           AND a.grantee <> 0 AND (SELECT fn FROM producer) IS NOT NULL
-           AND pg_catalog.has_function_privilege(a.grantee, (SELECT fn FROM producer), 'EXECUTE'),
+           AND a.grantee IN (SELECT oid FROM producers),
          pg_catalog.format('REVOKE %s (%I) ON TABLE %s', a.privilege_type, t.attname, c.oid::pg_catalog.regclass)
     FROM n JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid
            JOIN pg_catalog.pg_attribute t ON t.attrelid = c.oid AND t.attnum > 0 AND NOT t.attisdropped

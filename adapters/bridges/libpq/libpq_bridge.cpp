@@ -102,7 +102,7 @@ result<std::vector<std::int64_t>> enqueue_batch(PGconn* conn, std::span<const ne
   return bridges::enqueue_batch(
       jobs, for_connection(conn, options), conn ? state_of(conn) : bridges::tx_state::unknown,
       [conn](const bridges::enqueue_statement& st) { return run(conn, st); },
-      [conn](const bridges::copy_into& into, const std::string& rows, const bridges::enqueue_statement& st) {
+      [conn](const postgres::copy_into& into, const std::string& rows, const bridges::enqueue_statement& st) {
         return copy(conn, into.sql, rows, st);
       });
 }
@@ -116,7 +116,7 @@ result<std::vector<enqueue_result>> try_enqueue_batch(PGconn* conn, std::span<co
   return bridges::try_enqueue_batch(
       jobs, for_connection(conn, options), conn ? state_of(conn) : bridges::tx_state::unknown,
       [conn](const bridges::enqueue_statement& st) { return run(conn, st); },
-      [conn](const bridges::copy_into& into, const std::string& rows, const bridges::enqueue_statement& st) {
+      [conn](const postgres::copy_into& into, const std::string& rows, const bridges::enqueue_statement& st) {
         return copy(conn, into.sql, rows, st);
       });
 }

@@ -60,8 +60,8 @@ bridges::answer run(pqxx::transaction_base& tx, const bridges::enqueue_statement
 
 /// COPY of `jobs` into `into.table` (`ready`, or the session's stage) in the caller's transaction,
 /// through pqxx::stream_to (which escapes each field), in the columns
-/// postgres::enqueue_copy_ready_statement() or enqueue_copy_statement() lists.
-result<void> copy(pqxx::transaction_base& tx, const bridges::copy_into& into, std::span<const new_job> jobs,
+/// postgres::enqueue_copy_into() lists.
+result<void> copy(pqxx::transaction_base& tx, const postgres::copy_into& into, std::span<const new_job> jobs,
                   const bridges::enqueue_statement& st) {
   static const std::vector<std::string> stage_columns{"ord",      "kind",   "args",         "queue",
                                                       "priority", "run_at", "max_attempts", "metadata"};
@@ -118,7 +118,7 @@ result<std::vector<std::int64_t>> enqueue_batch(pqxx::transaction_base& tx, std:
                                                 const sql_options& options) {
   return bridges::enqueue_batch(
       jobs, options, copy_state(tx), [&tx](const bridges::enqueue_statement& st) { return run(tx, st); },
-      [&tx, jobs](const bridges::copy_into& into, const std::string&, const bridges::enqueue_statement& st) {
+      [&tx, jobs](const postgres::copy_into& into, const std::string&, const bridges::enqueue_statement& st) {
         return copy(tx, into, jobs, st);
       });
 }
@@ -131,7 +131,7 @@ result<std::vector<enqueue_result>> try_enqueue_batch(pqxx::transaction_base& tx
                                                       const sql_options& options) {
   return bridges::try_enqueue_batch(
       jobs, options, copy_state(tx), [&tx](const bridges::enqueue_statement& st) { return run(tx, st); },
-      [&tx, jobs](const bridges::copy_into& into, const std::string&, const bridges::enqueue_statement& st) {
+      [&tx, jobs](const postgres::copy_into& into, const std::string&, const bridges::enqueue_statement& st) {
         return copy(tx, into, jobs, st);
       });
 }

@@ -23,17 +23,18 @@
 -- enqueue_copied_ready(n) finds the n rows of the COPY from the last id the session drew
 -- (currval: the COPY's last row), the transaction id that row carries (its xmin: the writing
 -- transaction, or the savepoint's subtransaction it ran in, which must be this transaction's and
--- in progress, else NULL), and the n highest ids at or below
--- it with that xmin (rows other sessions numbered in between carry other transaction ids; rows of
--- an earlier batch in the same transaction have lower ids). It wakes the idle workers of their
+-- in progress, else NULL), and the n highest ids at or below it with that xmin (rows other
+-- sessions numbered in between carry other transaction ids; rows of an earlier batch in the same
+-- transaction have lower ids). It wakes the idle workers of their
 -- queues as enqueue_copied does and answers the ids in input order; NULL when the session drew
 -- no id, or when fewer than n such rows exist (nothing was copied just before).
 --
 -- enqueue_copy_target(scheduled) answers '<schema>.ready' when `scheduled` is false, the
 -- transaction is not SERIALIZABLE (the read-back steps over other producers' rows, which would
 -- count as conflicts there) and the calling role may insert those columns and use the sequence;
--- otherwise it does what enqueue_copy_stage does (a stage's name, or NULL when there is none). Both functions go to the
--- roles that may run enqueue_batch, which also get the column grants and the sequence.
+-- otherwise it does what enqueue_copy_stage does (a stage's name, or NULL when there is none).
+-- Both functions go to the roles that may run enqueue_batch, which also get the column grants and
+-- the sequence.
 
 ALTER TABLE @schema@.ready
   ALTER COLUMN id SET DEFAULT nextval('@schema@.job_id_seq'),
@@ -81,12 +82,8 @@ BEGIN
   -- other producers' rows in its id range, which SERIALIZABLE counts as conflicts (40001).
   IF scheduled IS FALSE AND current_setting('transaction_isolation') <> 'serializable'
      AND has_sequence_privilege(caller, '@schema@.job_id_seq', 'USAGE')
-     AND has_column_privilege(caller, '@schema@.ready', 'kind', 'INSERT')
-     AND has_column_privilege(caller, '@schema@.ready', 'args', 'INSERT')
-     AND has_column_privilege(caller, '@schema@.ready', 'queue', 'INSERT')
-     AND has_column_privilege(caller, '@schema@.ready', 'priority', 'INSERT')
-     AND has_column_privilege(caller, '@schema@.ready', 'max_attempts', 'INSERT')
-     AND has_column_privilege(caller, '@schema@.ready', 'metadata', 'INSERT') THEN
+     AND NOT EXISTS (SELECT FROM unnest(ARRAY['kind', 'args', 'queue', 'priority', 'max_attempts', 'metadata']) c
+                      WHERE NOT has_column_privilege(caller, '@schema@.ready', c, 'INSERT')) THEN
     RETURN '@schema@.ready';
   END IF;
   RETURN @schema@.enqueue_copy_stage();
@@ -100,7 +97,6 @@ DECLARE
   top   bigint;
   delta bigint;
   ids   bigint[];
-  q    text;
 BEGIN
   IF n IS NULL OR n < 1 THEN
     RETURN NULL;
@@ -132,14 +128,12 @@ BEGIN
   IF coalesce(cardinality(ids), 0) <> n THEN
     RETURN NULL;
   END IF;
-  -- Wake-up: one NOTIFY per queue of the batch with an idle worker.
+  -- Wake-up: one NOTIFY per queue of the batch with an idle worker (the rows are read again only
+  -- while some worker is idle).
   IF EXISTS (SELECT FROM @schema@.waiters) THEN
-    FOR q IN SELECT DISTINCT r.queue FROM @schema@.ready r WHERE r.id = ANY (ids)
-    LOOP
-      IF EXISTS (SELECT FROM @schema@.waiters x WHERE x.queue = q) THEN
-        PERFORM pg_notify(@wake_channel@, q);
-      END IF;
-    END LOOP;
+    PERFORM pg_notify(@wake_channel@, w.queue)
+       FROM (SELECT DISTINCT r.queue FROM @schema@.ready r
+              WHERE r.id = ANY (ids) AND EXISTS (SELECT FROM @schema@.waiters x WHERE x.queue = r.queue)) w;
   END IF;
   RETURN ids::text;
 END $$;

@@ -53,12 +53,24 @@ result<std::string> enqueue_copy_rows(std::span<const new_job> jobs);
 result<std::string> enqueue_copy_statement(std::optional<std::string_view> stage);
 
 /// The bulk enqueue straight into `ready` (schema migration 23): `jobs` as the rows of COPY's
-/// text format in the columns enqueue_copy_ready_statement() lists, in input order (the ids are
+/// text format in the columns enqueue_copy_into() lists for `ready`, in input order (the ids are
 /// drawn row by row as COPY reads them). errc::invalid_argument with validate()'s detail, or for a
 /// job with a unique_key or a run_at (those go through the stage or enqueue_batch).
 result<std::string> enqueue_copy_ready_rows(std::span<const new_job> jobs);
-/// `COPY <schema>.ready (kind, args, queue, priority, max_attempts, metadata) FROM STDIN`;
-/// errc::invalid_argument for a schema name valid_schema_name() refuses.
-result<std::string> enqueue_copy_ready_statement(std::string_view schema);
+
+/// Where a COPY of jobs goes, as `<schema>.enqueue_copy_target(scheduled)` answered.
+struct copy_into {
+  std::string table;   ///< `<schema>.ready`, or the session's stage `pg_temp.tenure_enqueue_<oid>`
+  std::string sql;     ///< `COPY <table> (<its columns>) FROM STDIN`
+  bool ready = false;  ///< straight into `ready` (migration 23), else the stage (migration 22)
+};
+/// The COPY for `answer`: `<schema>.ready` (its six job columns), never for a batch with a
+/// `scheduled` job, or a stage (enqueue_copy_statement()); errc::protocol_error for any other text
+/// (only those names are ever pasted into SQL), errc::invalid_argument for a bad schema name.
+result<copy_into> enqueue_copy_into(std::string_view answer, std::string_view schema, bool scheduled);
+/// The COPY text of `jobs` for `into`: enqueue_copy_ready_rows() or enqueue_copy_rows().
+result<std::string> enqueue_copy_rows_for(std::span<const new_job> jobs, const copy_into& into);
+/// Whether any of `jobs` is scheduled (has a run_at): such a batch goes through the stage.
+bool any_scheduled(std::span<const new_job> jobs) noexcept;
 
 }  // namespace tenure::postgres

@@ -14,6 +14,15 @@ using tenure::test::scoped_schema;
 
 namespace {
 
+/// The SQLSTATE `sql` fails with inside `db`'s open transaction, run in a savepoint of its own so
+/// the transaction goes on ("" when it succeeds).
+std::string refused_in_savepoint(pg& db, const std::string& sql) {
+  db.exec("SAVEPOINT probe");
+  const auto r = db.query(sql);
+  db.exec("ROLLBACK TO SAVEPOINT probe");
+  return r.ok ? "" : r.sqlstate;
+}
+
 class security : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -198,19 +207,13 @@ TEST_F(security, producer_enqueues_over_copy_holding_only_insert_on_a_stage_tenu
                                  "DROP TABLE " + stage, "ALTER TABLE " + stage + " DROP CONSTRAINT \"priority must be 1..4\"",
                                  "CREATE TRIGGER t BEFORE INSERT ON " + stage +
                                      " FOR EACH ROW EXECUTE FUNCTION suppress_redundant_updates_trigger()"}) {
-    as_role.exec("SAVEPOINT probe");
-    const auto r = as_role.query(sql);
-    EXPECT_FALSE(r.ok) << sql;
-    EXPECT_EQ(r.sqlstate, "42501") << sql << ": " << r.error;
-    as_role.exec("ROLLBACK TO SAVEPOINT probe");
+    EXPECT_EQ(refused_in_savepoint(as_role, sql), "42501") << sql;
   }
   // Rows the checks refuse never get in.
   for (const char* row : {"(1, '', '{}', 'q', 2, NULL, 25, '{}')", "(1, 'k', '[1]', 'q', 2, NULL, 25, '{}')",
                                  "(1, 'k', '{}', E'q\\n', 2, NULL, 25, '{}')", "(1, 'k', '{}', 'q', 9, NULL, 25, '{}')",
                                  "(1, 'k', '{}', 'q', 2, 'infinity', 25, '{}')", "(1, 'k', '{}', 'q', 2, NULL, 0, '{}')"}) {
-    as_role.exec("SAVEPOINT probe");
-    EXPECT_EQ(as_role.query("INSERT INTO " + stage + " VALUES " + row).sqlstate, "23514") << row;
-    as_role.exec("ROLLBACK TO SAVEPOINT probe");
+    EXPECT_EQ(refused_in_savepoint(as_role, "INSERT INTO " + stage + " VALUES " + row), "23514") << row;
   }
   as_role.exec("INSERT INTO " + stage + " VALUES (2, 'b', '{}', 'q', 2, NULL, 25, '{}'), (1, 'a', '{}', 'q', 2, NULL, 25, '{}')");
   const std::string ids = as_role.scalar("SELECT " + s("enqueue_copied") + "()");
@@ -250,11 +253,7 @@ TEST_F(security, producer_copies_straight_into_ready_holding_insert_on_the_six_j
         "DELETE FROM " + s("ready"), "TRUNCATE " + s("ready"),
         "ALTER TABLE " + s("ready") + " DROP CONSTRAINT \"priority must be 1..4\"",
         "SELECT setval('" + s("job_id_seq") + "', 1)", "LOCK TABLE " + s("ready") + " IN SHARE MODE"}) {
-    as_role.exec("SAVEPOINT probe");
-    const auto r = as_role.query(sql);
-    EXPECT_FALSE(r.ok) << sql;
-    EXPECT_EQ(r.sqlstate, "42501") << sql << ": " << r.error;
-    as_role.exec("ROLLBACK TO SAVEPOINT probe");
+    EXPECT_EQ(refused_in_savepoint(as_role, sql), "42501") << sql;
   }
   // Rows enqueue's checks refuse never get in.
   for (const char* row : {"('', '{}', 'q', 2, 25, '{}')", "('k', '[1]', 'q', 2, 25, '{}')",
@@ -263,9 +262,7 @@ TEST_F(security, producer_copies_straight_into_ready_holding_insert_on_the_six_j
                           "('k', '{}', 'q', 0, 25, '{}')", "('k', '{}', 'q', 2, 0, '{}')",
                           "('k', '{}', 'q', 2, 25, '[]')",
                           "('k', '{}', 'q', 2, 25, jsonb_build_object('pad', repeat('x', 9000)))"}) {
-    as_role.exec("SAVEPOINT probe");
-    EXPECT_EQ(as_role.query("INSERT INTO " + s("ready") + columns + " VALUES " + row).sqlstate, "23514") << row;
-    as_role.exec("ROLLBACK TO SAVEPOINT probe");
+    EXPECT_EQ(refused_in_savepoint(as_role, "INSERT INTO " + s("ready") + columns + " VALUES " + row), "23514") << row;
   }
   as_role.exec("INSERT INTO " + s("ready") + columns + " VALUES ('b', '{}', 'q', 1, 3, '{}'), ('a', '{\"x\": 1}', 'q', 4, 25, '{}')");
   const std::string ids = as_role.scalar("SELECT " + s("enqueue_copied_ready") + "(2)");
