@@ -90,9 +90,9 @@ result<std::string> enqueue_copy_statement(std::optional<std::string_view> stage
 
 result<copy_into> enqueue_copy_into(std::string_view answer, std::string_view schema, bool scheduled) {
   if (!valid_schema_name(schema)) return error{errc::invalid_argument, "invalid schema name '" + std::string{schema} + "'"};
-  if (answer.size() == schema.size() + 6 && answer.starts_with(schema) && answer.ends_with(".ready")) {
+  if (answer.size() == schema.size() + 6 && answer.starts_with(schema) && answer.ends_with(".specs")) {
     if (scheduled) {
-      tenure::logger()->error("tenure: enqueue_copy_target answered ready for a batch with scheduled jobs");
+      tenure::logger()->error("tenure: enqueue_copy_target answered specs for a batch with scheduled jobs");
       return errc::protocol_error;
     }
     return copy_into{.table = std::string{answer},

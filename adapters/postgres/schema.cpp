@@ -290,7 +290,7 @@ grant_list grants_of(grant_kind kind) {
                        "enqueue_batch(text[], jsonb[], text[], int[], timestamptz[], int[], jsonb[], text[])",
                        "enqueue_copy_stage()", "enqueue_copied()", "enqueue_copy_target(boolean)",
                        "enqueue_copied_ready(int)"};
-      out.inserts = {"ready.kind", "ready.args", "ready.queue", "ready.priority", "ready.max_attempts", "ready.metadata"};
+      out.inserts = {"specs.kind", "specs.args", "specs.queue", "specs.priority", "specs.max_attempts", "specs.metadata"};
       out.sequences = {"job_id_seq"};
       break;
     case grant_kind::callback:

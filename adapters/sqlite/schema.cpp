@@ -21,7 +21,7 @@ const std::vector<std::string>& schema_statements() {
       " priority INTEGER NOT NULL, attempt INTEGER NOT NULL, max_attempts INTEGER NOT NULL,"
       " run_lease INTEGER NOT NULL, run_at INTEGER NOT NULL, created_at INTEGER NOT NULL,"
       " last_error TEXT, progress TEXT, metadata TEXT NOT NULL DEFAULT '{}',"
-      " resume_payload TEXT)",  // set: the continuation of a parked attempt (same lease)
+      " resume_payload TEXT)",  // set: the continuation of a parked attempt (same attempt)
       "CREATE INDEX ready_claim_idx ON ready (queue, priority, id)",
       "CREATE TABLE deferred ("
       " id INTEGER PRIMARY KEY, queue TEXT NOT NULL, kind TEXT NOT NULL, args TEXT NOT NULL,"

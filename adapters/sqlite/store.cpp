@@ -145,10 +145,8 @@ result<std::vector<claimed_attempt>> store::claim(std::string_view queue, int ma
       s << "SELECT resume_payload FROM ready WHERE id = :id", soci::into(resume_payload), soci::use(id);
       auto r = take(s, table::ready, id);
       if (!r) continue;  // cannot happen under the write lock; be safe anyway
-      if (!resume_payload) {  // the continuation of a parked attempt keeps its lease and attempt
-        r->run_lease += 1;
-        r->attempt += 1;
-      }
+      r->run_lease += 1;  // every claim is a new attempt, the continuation of a parked one too
+      if (!resume_payload) r->attempt += 1;  // a continuation keeps its attempt number
       const opt<std::string> last_error = to_boost(r->last_error), progress = to_boost(r->progress);
       const attempt_secret secret = draw_secret(state_->secrets);
       const std::string secret_text = secret.to_string();

@@ -230,7 +230,7 @@ nlohmann::json run_enqueue_single(const options& o, const std::string& schema) {
   auto reset = [&](const std::string& where) {
     admin.query("DELETE FROM " + schema + ".ready WHERE " + where, {}, "bench: reset");
     admin.query("VACUUM " + schema + ".ready", {}, "bench: reset");
-    admin.query("VACUUM " + schema + ".receipts", {}, "bench: reset");
+    admin.query("VACUUM " + schema + ".open_claims", {}, "bench: reset");
     admin.query("VACUUM " + schema + ".business", {}, "bench: reset");
   };
 

@@ -15,19 +15,34 @@ using namespace std::chrono_literals;
 namespace {
 
 /// Expired finished jobs for the prune scenario: `n` completed jobs of the bench queue, finished
-/// two days ago (past the default 24 h retention), inserted in one statement per 100,000.
+/// two days ago (past the default 24 h retention), as the drain and the leader's sweep leave them:
+/// their specs, claims of 100, a completion of each and the claims' settled rows; one statement per
+/// 100,000.
 void insert_expired(const std::string& dsn, const std::string& schema, long n) {
   pg_session s(dsn);
   for (long done = 0; done < n;) {
     const long k = std::min<long>(100'000, n - done);
-    s.query("INSERT INTO " + schema + ".done (id, queue, kind, args, state, priority, attempt, max_attempts, "
-            "run_lease, run_at, created_at, finalized_at) SELECT nextval('" + schema + ".job_id_seq'), '" + k_queue +
-            "', 'noop', '{}', 'completed', 2, 1, 25, 1, now(), now(), now() - interval '2 days' "
-            "FROM generate_series(1, " + std::to_string(k) + ")",
+    s.query("WITH spec AS (INSERT INTO " + schema + ".specs (id, queue, kind, args, priority, max_attempts, "
+            "metadata, created_at) SELECT nextval('" + schema + ".job_id_seq'), '" + k_queue + "', 'noop', '{}', "
+            "2, 25, '{}', now() - interval '2 days' FROM generate_series(1, " + std::to_string(k) + ") RETURNING id), "
+            "batch AS (SELECT nextval('" + schema + ".claim_id_seq') AS claim_id, array_agg(id ORDER BY id) AS ids "
+            "FROM (SELECT id, (row_number() OVER (ORDER BY id) - 1) / 100 AS b FROM spec) x GROUP BY b), "
+            "claim AS (INSERT INTO " + schema + ".claims (claim_id, queue, worker, claimed_at, lo, hi, job_ids, "
+            "attempts, secrets, run_ats) SELECT claim_id, '" + k_queue + "', 'bench', now() - interval '2 days', "
+            "ids[1], ids[cardinality(ids)], ids, array_fill(1, ARRAY[cardinality(ids)]), "
+            "ARRAY(SELECT gen_random_uuid() FROM generate_series(1, cardinality(ids))), "
+            "array_fill(now() - interval '2 days', ARRAY[cardinality(ids)]) FROM batch "
+            "RETURNING claim_id, cardinality(job_ids) AS n), "
+            "closure AS (INSERT INTO " + schema + ".closures (claim_id, pos, outcome, closed_at) "
+            "SELECT claim_id, p, 'c', now() - interval '2 days' FROM claim, generate_series(1, n) p) "
+            // settled as the leader's sweep leaves them: ripe a day after they finished
+            "INSERT INTO " + schema + ".settled_claims (claim_id, queue, ripe_at) "
+            "SELECT claim_id, '" + k_queue + "', now() - interval '1 day' FROM claim",
             {}, "bench: insert expired rows");
     done += k;
   }
-  s.query("ANALYZE " + schema + ".done", {}, "bench: analyze");
+  s.query("ANALYZE " + schema + ".specs, " + schema + ".claims, " + schema + ".closures, " + schema + ".settled_claims", {},
+          "bench: analyze");
 }
 
 /// One phase of the prune scenario: a runtime (maintenance off: the pruner is the only leader)
@@ -87,8 +102,9 @@ nlohmann::json run_prune(const options& o, const std::string& schema) {
         s.query("SELECT count(*) FROM " + schema + ".maintain('bench-pruner', " + *term.at(0).at(0) + ")", {},
                 "bench: maintain");
         pass_ms.push_back(std::chrono::duration<double, std::milli>(clock::now() - sent).count());
-        const long left = std::stol(*s.query("SELECT count(*) FROM " + schema +
-                                                 ".done WHERE finalized_at < now() - interval '1 day'",
+        const long left = std::stol(*s.query("SELECT coalesce(sum(cardinality(c.job_ids)), 0) FROM " + schema +
+                                                 ".settled_claims r JOIN " + schema + ".claims c USING (claim_id) "
+                                                 "WHERE r.retired_at IS NULL AND r.ripe_at <= now()",
                                              {}, "bench: left")
                                          .at(0)
                                          .at(0));

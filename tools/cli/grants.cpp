@@ -22,7 +22,7 @@ constexpr grant_command k_grants[] = {
      "Let ROLE run workers: every worker function and SELECT on the jobs view"},
     {"grant-producer", postgres::grant_kind::producer, "producer",
      "Let ROLE enqueue jobs: EXECUTE on enqueue, enqueue_batch and the COPY path (enqueue_copy_target, "
-     "enqueue_copied_ready, enqueue_copy_stage, enqueue_copied), INSERT on the job columns of ready "
+     "enqueue_copied_ready, enqueue_copy_stage, enqueue_copied), INSERT on the job columns of specs "
      "(kind, args, queue, priority, max_attempts, metadata) and USAGE on job_id_seq"},
     {"grant-callback", postgres::grant_kind::callback, "callback",
      "Let ROLE (an external system) resolve callbacks: EXECUTE on resume_callback, "

@@ -50,15 +50,19 @@ void create_records(cli::pg_session& db, const names& n) {
       "CREATE TABLE @r@.callbacks (callback_id uuid PRIMARY KEY, job_id bigint NOT NULL, run_lease bigint NOT NULL, "
       "resolve text NOT NULL CHECK (resolve IN ('resume', 'timeout', 'cancel')), "
       "created_at timestamptz NOT NULL DEFAULT clock_timestamp(), resolved_at timestamptz)",
-      // Every terminal transition tenure writes (a row entering, or changing in, its done table).
+      // Every terminal transition tenure writes (a terminal closure of an attempt: completed,
+      // failed or cancelled), with the job and run lease of its claim item.
       "CREATE TABLE @r@.finals (id bigserial PRIMARY KEY, job_id bigint NOT NULL, run_lease bigint NOT NULL, "
       "state text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())",
       "CREATE INDEX ON @r@.finals (job_id)",
       "CREATE FUNCTION @r@.record_final() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-      "INSERT INTO @r@.finals (job_id, run_lease, state) VALUES (NEW.id, NEW.run_lease, NEW.state); "
+      "INSERT INTO @r@.finals (job_id, run_lease, state) "
+      "SELECT c.job_ids[NEW.pos], coalesce(c.run_leases[NEW.pos], c.claim_id * 65536 + NEW.pos), "
+      "CASE NEW.outcome WHEN 'c' THEN 'completed' WHEN 'f' THEN 'failed' ELSE 'cancelled' END "
+      "FROM @t@.claims c WHERE c.claim_id = NEW.claim_id; "
       "RETURN NULL; END $$",
-      "CREATE TRIGGER soak_record_final AFTER INSERT OR UPDATE ON @t@.done "
-      "FOR EACH ROW EXECUTE FUNCTION @r@.record_final()",
+      "CREATE TRIGGER soak_record_final AFTER INSERT ON @t@.closures "
+      "FOR EACH ROW WHEN (NEW.outcome IN ('c', 'f', 'x')) EXECUTE FUNCTION @r@.record_final()",
   };
   for (const char* statement : statements) db.query(sql(n, statement), {}, "soak: cannot create the records");
 }

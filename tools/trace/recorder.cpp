@@ -63,7 +63,7 @@ result<void> install(const std::string& dsn, const std::string& schema, const st
   TENURE_TRYV(run(c.get(), "BEGIN; SET LOCAL client_min_messages = warning", {}, "trace install"));
   TENURE_TRY(bool present, is_installed(c.get(), schema));
   if (!present) {
-    TENURE_TRY(auto has_tenure, run(c.get(), "SELECT to_regclass($1) IS NOT NULL", {schema + ".receipts"}, "trace install"));
+    TENURE_TRY(auto has_tenure, run(c.get(), "SELECT to_regclass($1) IS NOT NULL", {schema + ".claims"}, "trace install"));
     if (std::string{PQgetvalue(has_tenure.get(), 0, 0)} != "t") {
       return tenure::error{errc::schema_mismatch, "no tenure schema " + schema + " to trace (run tenure migrate first)"};
     }
@@ -126,7 +126,7 @@ result<void> remove(const std::string& dsn, const std::string& schema) {
     }
   }
   std::string sql;
-  for (const char* t : {"ready", "deferred", "receipts", "done", "dead_letter"}) {
+  for (const char* t : {"ready", "deferred", "claims", "closures", "dead_letter"}) {
     for (const char* g : {"trace_insert", "trace_delete", "trace_update"}) {
       sql += std::string{"DROP TRIGGER IF EXISTS "} + g + " ON " + schema + "." + t + ";\n";
     }

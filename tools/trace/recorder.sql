@@ -5,9 +5,13 @@
 --
 -- Placeholder @schema@ (a validated, unquoted identifier), replaced by the installer.
 --
--- One event per row inserted into or deleted from ready, deferred, receipts, done, dead_letter
--- (statement-level triggers with transition tables: one set-based insert per statement; an UPDATE
--- that changes a row's job, run lease or state is recorded as its delete and its insert),
+-- One event per row inserted into or deleted from ready, deferred and dead_letter, and per attempt
+-- opened or closed (statement-level triggers with transition tables: one set-based insert per
+-- statement; an UPDATE that changes a row's job, run lease or state is recorded as its delete and
+-- its insert). Attempts are recorded in the vocabulary of the per-job rows the checker replays: an
+-- item of a claims row is a 'receipts' insert (running); its closure is that row's delete, and a
+-- terminal closure is also a 'done' insert (its removal by retention, or its release by an
+-- operator's retry, a 'done' delete),
 -- and per change of attempt_state.waiting (waiting_external). Each event names the tenure
 -- functions on the call stack (`who`, outermost first, from PG_CONTEXT) and the session's
 -- application_name. Events are transactional: a rolled-back transaction or savepoint takes its
@@ -22,6 +26,7 @@ CREATE TABLE @schema@.trace_events (
   seq      bigserial   PRIMARY KEY,
   xid      xid8        NOT NULL DEFAULT pg_current_xact_id(),
   tbl      text        NOT NULL,   -- ready, deferred, receipts, done, dead_letter, attempt_state, business
+                                   -- (receipts, done: attempts opened and closed, see above)
   op       "char"      NOT NULL,   -- 'I' insert, 'D' delete, 'W' waiting changed (attempt_state)
   job_id   bigint      NOT NULL,
   run_lease bigint     NOT NULL,
@@ -85,9 +90,24 @@ BEGIN
     IF TG_TABLE_NAME = 'ready' THEN
       INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, flag, who, app)
       SELECT 'ready', 'I', x.id, x.run_lease, 'available', x.resume_payload IS NOT NULL, w, a FROM trace_new x;
-    ELSIF TG_TABLE_NAME = 'receipts' THEN
+    ELSIF TG_TABLE_NAME = 'claims' THEN
+      -- Items of a claim (a claims row with run_leases set is a finished job's record, not an attempt).
       INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, who, app)
-      SELECT 'receipts', 'I', x.job_id, x.run_lease, 'running', w, a FROM trace_new x;
+      SELECT 'receipts', 'I', u.job_id, x.claim_id * 65536 + u.pos, 'running', w, a
+        FROM trace_new x CROSS JOIN LATERAL unnest(x.job_ids) WITH ORDINALITY AS u(job_id, pos)
+       WHERE x.run_leases IS NULL
+       ORDER BY x.claim_id, u.pos;
+    ELSIF TG_TABLE_NAME = 'closures' THEN
+      INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, who, app)
+      SELECT e.tbl, e.op, c.job_ids[x.pos], coalesce(c.run_leases[x.pos], c.claim_id * 65536 + x.pos), e.state, w, a
+        FROM trace_new x
+        JOIN @schema@.claims c ON c.claim_id = x.claim_id
+       CROSS JOIN LATERAL (VALUES (1, 'receipts', 'D'::"char", 'running'),
+                                  (2, 'done', 'I'::"char", @schema@.outcome_state(x.outcome))) AS e(k, tbl, op, state)
+       WHERE (e.k = 1 AND (c.run_leases IS NULL
+                           OR EXISTS (SELECT FROM @schema@.open_claims o WHERE o.claim_id = c.claim_id)))
+          OR (e.k = 2 AND x.outcome IN ('c', 'f', 'x'))
+       ORDER BY x.claim_id, x.pos, e.k;
     ELSIF TG_TABLE_NAME = 'dead_letter' THEN
       INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, who, app)
       SELECT 'dead_letter', 'I', x.id, x.run_lease, 'failed', w, a FROM trace_new x;
@@ -99,9 +119,20 @@ BEGIN
     IF TG_TABLE_NAME = 'ready' THEN
       INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, flag, who, app)
       SELECT 'ready', 'D', x.id, x.run_lease, 'available', x.resume_payload IS NOT NULL, w, a FROM trace_old x;
-    ELSIF TG_TABLE_NAME = 'receipts' THEN
+    ELSIF TG_TABLE_NAME = 'closures' THEN
+      -- Retention: a terminal record leaves. Closures and their claims row are deleted by separate
+      -- statements; whichever goes first records it (the other finds its partner gone).
       INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, who, app)
-      SELECT 'receipts', 'D', x.job_id, x.run_lease, 'running', w, a FROM trace_old x;
+      SELECT 'done', 'D', c.job_ids[x.pos], coalesce(c.run_leases[x.pos], c.claim_id * 65536 + x.pos),
+             @schema@.outcome_state(x.outcome), w, a
+        FROM trace_old x JOIN @schema@.claims c ON c.claim_id = x.claim_id
+       WHERE x.outcome IN ('c', 'f', 'x');
+    ELSIF TG_TABLE_NAME = 'claims' THEN
+      INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, who, app)
+      SELECT 'done', 'D', x.job_ids[f.pos], coalesce(x.run_leases[f.pos], x.claim_id * 65536 + f.pos),
+             @schema@.outcome_state(f.outcome), w, a
+        FROM trace_old x JOIN @schema@.closures f ON f.claim_id = x.claim_id
+       WHERE f.outcome IN ('c', 'f', 'x');
     ELSIF TG_TABLE_NAME = 'dead_letter' THEN
       INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, who, app)
       SELECT 'dead_letter', 'D', x.id, x.run_lease, 'failed', w, a FROM trace_old x;
@@ -127,6 +158,18 @@ DECLARE
 BEGIN
   GET DIAGNOSTICS ctx = PG_CONTEXT;
   w := @schema@.trace_caller(ctx);
+  IF TG_TABLE_NAME = 'closures' THEN
+    -- A closure's outcome changed: a terminal one released (retry_job) leaves the job's finished
+    -- rows, one written (by hand) enters them.
+    INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, who, app)
+    SELECT 'done', x.op, c.job_ids[OLD.pos], coalesce(c.run_leases[OLD.pos], c.claim_id * 65536 + OLD.pos),
+           @schema@.outcome_state(x.outcome), w, a
+      FROM @schema@.claims c
+     CROSS JOIN LATERAL (VALUES (1, 'D'::"char", OLD.outcome), (2, 'I'::"char", NEW.outcome)) AS x(k, op, outcome)
+     WHERE c.claim_id = OLD.claim_id AND x.outcome IN ('c', 'f', 'x')
+     ORDER BY x.k;
+    RETURN NULL;
+  END IF;
   IF TG_TABLE_NAME = 'attempt_state' THEN
     INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, who, app)
     VALUES ('attempt_state', 'W', (n->>'job_id')::bigint, (n->>'run_lease')::bigint,
@@ -193,20 +236,17 @@ CREATE TRIGGER trace_update AFTER UPDATE ON @schema@.deferred FOR EACH ROW
   WHEN (OLD.id IS DISTINCT FROM NEW.id OR OLD.run_lease IS DISTINCT FROM NEW.run_lease
         OR OLD.state IS DISTINCT FROM NEW.state)
   EXECUTE FUNCTION @schema@.trace_row();
-CREATE TRIGGER trace_insert AFTER INSERT ON @schema@.receipts REFERENCING NEW TABLE AS trace_new
+CREATE TRIGGER trace_insert AFTER INSERT ON @schema@.claims REFERENCING NEW TABLE AS trace_new
   FOR EACH STATEMENT EXECUTE FUNCTION @schema@.trace_rows();
-CREATE TRIGGER trace_delete AFTER DELETE ON @schema@.receipts REFERENCING OLD TABLE AS trace_old
+CREATE TRIGGER trace_delete AFTER DELETE ON @schema@.claims REFERENCING OLD TABLE AS trace_old
   FOR EACH STATEMENT EXECUTE FUNCTION @schema@.trace_rows();
-CREATE TRIGGER trace_update AFTER UPDATE ON @schema@.receipts FOR EACH ROW
-  WHEN (OLD.job_id IS DISTINCT FROM NEW.job_id OR OLD.run_lease IS DISTINCT FROM NEW.run_lease)
-  EXECUTE FUNCTION @schema@.trace_row();
-CREATE TRIGGER trace_insert AFTER INSERT ON @schema@.done REFERENCING NEW TABLE AS trace_new
+CREATE TRIGGER trace_insert AFTER INSERT ON @schema@.closures REFERENCING NEW TABLE AS trace_new
   FOR EACH STATEMENT EXECUTE FUNCTION @schema@.trace_rows();
-CREATE TRIGGER trace_delete AFTER DELETE ON @schema@.done REFERENCING OLD TABLE AS trace_old
+CREATE TRIGGER trace_delete AFTER DELETE ON @schema@.closures REFERENCING OLD TABLE AS trace_old
   FOR EACH STATEMENT EXECUTE FUNCTION @schema@.trace_rows();
-CREATE TRIGGER trace_update AFTER UPDATE ON @schema@.done FOR EACH ROW
-  WHEN (OLD.id IS DISTINCT FROM NEW.id OR OLD.run_lease IS DISTINCT FROM NEW.run_lease
-        OR OLD.state IS DISTINCT FROM NEW.state)
+CREATE TRIGGER trace_update AFTER UPDATE ON @schema@.closures FOR EACH ROW
+  WHEN (OLD.outcome IS DISTINCT FROM NEW.outcome
+        AND (OLD.outcome IN ('c', 'f', 'x') OR NEW.outcome IN ('c', 'f', 'x')))
   EXECUTE FUNCTION @schema@.trace_row();
 CREATE TRIGGER trace_insert AFTER INSERT ON @schema@.dead_letter REFERENCING NEW TABLE AS trace_new
   FOR EACH STATEMENT EXECUTE FUNCTION @schema@.trace_rows();

@@ -12,8 +12,8 @@
 ///      recorded for (job, lease) only while that lease is the job's live running attempt;
 ///   2. one terminal outcome: a job leaves a terminal state only through an admin retry (or
 ///      retention); each attempt ends at most once; a job lives in one table at a time;
-///   3. run leases only grow: a claim advances the job's run lease by exactly one (a parked
-///      attempt's continuation keeps it), and no other transition changes it;
+///   3. run leases only grow: a claim (a parked attempt's continuation too) opens a run lease above
+///      every earlier one of the job, and no other transition changes it;
 ///   4. no business write without its attempt's completion: a row of a watched business table for
 ///      (job, lease) commits in the transaction that completed that attempt, and (when business
 ///      tables are watched) a caller's token completion (`complete_job`) commits with its row.
