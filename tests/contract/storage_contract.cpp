@@ -245,28 +245,31 @@ TEST_P(storage_contract, enqueue_batch_is_all_or_nothing) {
 
 TEST_P(storage_contract, claim_advances_run_lease_and_attempt_on_every_claim) {
   const auto id = add(make_job());
-  auto expect_claim = [&](std::int64_t lease, int attempt) {
+  std::int64_t last = 0;  // the job's last run lease: every claim gives a greater one
+  auto expect_claim = [&](int attempt) {
     const auto c = claim_one();
-    EXPECT_EQ(c.attempt, (attempt_id{id, lease}));
+    EXPECT_EQ(c.attempt.job_id, id);
+    EXPECT_GT(c.attempt.run_lease, last);
+    last = c.attempt.run_lease;
     EXPECT_EQ(c.attempt_number, attempt);
     const auto info = read(id);
     EXPECT_EQ(info.state, job_state::running);
-    EXPECT_EQ(info.run_lease, lease);
+    EXPECT_EQ(info.run_lease, c.attempt.run_lease);
     EXPECT_EQ(info.attempt, attempt);
     return c;
   };
-  const auto first = expect_claim(1, 1);
+  const auto first = expect_claim(1);
   EXPECT_EQ(must(db().fail(first.attempt, "boom", fail_disposition::retry, 0us)),
             job_state::retryable);
-  const auto second = expect_claim(2, 2);
+  const auto second = expect_claim(2);
   must(db().snooze(second.attempt, 0us));  // gives the attempt back
-  expect_claim(3, 2);
+  expect_claim(2);
   ASSERT_THAT(rescue_all(), SizeIs(1));  // the attempt counts
-  const auto fourth = expect_claim(4, 3);
+  const auto fourth = expect_claim(3);
   ASSERT_TRUE(complete(fourth.attempt));
   ASSERT_TRUE(must(db().retry_job(id)));
-  EXPECT_EQ(read(id).run_lease, 4);  // admin retry keeps the lease; the next claim advances it
-  expect_claim(5, 1);
+  EXPECT_EQ(read(id).run_lease, fourth.attempt.run_lease);  // admin retry keeps the lease; the next claim advances it
+  expect_claim(1);
 }
 
 TEST_P(storage_contract, claim_orders_by_priority_then_fifo) {
@@ -312,7 +315,7 @@ TEST_P(storage_contract, claim_skips_future_run_at_until_it_is_due) {
 
   be().pass_time(1h);
   const auto c = claim_one();  // claim promotes due jobs of its queue first
-  EXPECT_EQ(c.attempt, (attempt_id{later, 1}));
+  EXPECT_EQ(c.attempt.job_id, later);
   EXPECT_EQ(c.attempt_number, 1);
 }
 
@@ -339,15 +342,17 @@ TEST_P(storage_contract, claimed_attempt_carries_the_job) {
   j.max_attempts = 4;
   const auto id = add(j);
   const auto c = claim_one("images");
-  EXPECT_EQ(c.attempt, (attempt_id{id, 1}));
+  EXPECT_EQ(c.attempt.job_id, id);
+  EXPECT_GT(c.attempt.run_lease, 0);
   EXPECT_EQ(c.queue, "images");
   EXPECT_EQ(c.kind, "resize");
   EXPECT_EQ(json::parse(c.args), j.args);
   EXPECT_EQ(c.attempt_number, 1);
   EXPECT_EQ(c.max_attempts, 4);
   EXPECT_FALSE(c.deadline);  // the queue has no hard deadline
-  EXPECT_EQ(c.token(), (finalization_token{{id, 1}, c.secret}));
-  EXPECT_THAT(c.token().to_string(), StartsWith("tn2:" + std::to_string(id) + ":1:"));
+  EXPECT_EQ(c.token(), (finalization_token{c.attempt, c.secret}));
+  EXPECT_THAT(c.token().to_string(),
+              StartsWith("tn2:" + std::to_string(id) + ":" + std::to_string(c.attempt.run_lease) + ":"));
   EXPECT_EQ(must(finalization_token::parse(c.token().to_string())), c.token());
 }
 
@@ -538,7 +543,7 @@ TEST_P(storage_contract, stale_completion_after_rescue) {
   EXPECT_FALSE(complete(c.attempt));
   const auto info = read(id);
   EXPECT_EQ(info.state, job_state::available);
-  EXPECT_EQ(info.run_lease, 1);
+  EXPECT_EQ(info.run_lease, c.attempt.run_lease);
   EXPECT_EQ(must(db().reconcile(c.attempt)), attempt_evidence::closed_by_other);
 }
 
@@ -565,7 +570,7 @@ TEST_P(storage_contract, stale_fail_snooze_and_cancel_attempt_after_rescue) {
   const auto info = read(id);  // none of them touched the job
   EXPECT_EQ(info.state, job_state::available);
   EXPECT_EQ(info.attempt, 1);
-  EXPECT_EQ(info.run_lease, 1);
+  EXPECT_EQ(info.run_lease, c.attempt.run_lease);
   EXPECT_THAT(info.last_error.value_or(""), StartsWith("rescued"));
 }
 
@@ -592,7 +597,7 @@ TEST_P(storage_contract, aba_admin_retry_after_completion_refuses_the_old_token)
   ASSERT_TRUE(must(db().retry_job(id)));
   const auto fresh = claim_one();
   EXPECT_EQ(fresh.attempt_number, 1);
-  EXPECT_EQ(fresh.attempt.run_lease, old.attempt.run_lease + 1);
+  EXPECT_GT(fresh.attempt.run_lease, old.attempt.run_lease);
   EXPECT_FALSE(complete(old.attempt));
   const std::vector<attempt_id> old_only{old.attempt};
   EXPECT_THAT(must(db().heartbeat(old_only)), IsEmpty());
@@ -620,7 +625,8 @@ TEST_P(storage_contract, rescue_makes_the_job_available_with_the_attempt_counted
   EXPECT_FALSE(info.finalized_at);
   EXPECT_THAT(info.last_error.value_or(""), StartsWith("rescued"));
   const auto again = claim_one("work");
-  EXPECT_EQ(again.attempt, (attempt_id{id, 2}));
+  EXPECT_EQ(again.attempt.job_id, id);
+  EXPECT_GT(again.attempt.run_lease, rescued[0].attempt.run_lease);
   EXPECT_EQ(again.attempt_number, 2);
 }
 
@@ -727,7 +733,8 @@ TEST_P(storage_contract, retryable_failure_waits_for_the_queue_backoff) {
   EXPECT_EQ(must(db().promote_due()), 0);
   be().pass_time(10min);
   const auto again = claim_one("slow");
-  EXPECT_EQ(again.attempt, (attempt_id{id, 2}));
+  EXPECT_EQ(again.attempt.job_id, id);
+  EXPECT_GT(again.attempt.run_lease, c.attempt.run_lease);
   EXPECT_EQ(again.attempt_number, 2);
 }
 
@@ -782,8 +789,10 @@ TEST_P(storage_contract, failed_jobs_of_a_dead_letter_queue_are_dead_lettered) {
   EXPECT_EQ(info.state, job_state::available);
   EXPECT_FALSE(info.dead_lettered);
   EXPECT_EQ(info.attempt, 0);
-  EXPECT_EQ(info.run_lease, 1);
-  EXPECT_EQ(claim_one("dlq").attempt, (attempt_id{permanent, 2}));
+  EXPECT_EQ(info.run_lease, p.attempt.run_lease);
+  const auto again = claim_one("dlq");
+  EXPECT_EQ(again.attempt.job_id, permanent);
+  EXPECT_GT(again.attempt.run_lease, p.attempt.run_lease);
 }
 
 TEST_P(storage_contract, failed_jobs_of_other_queues_are_not_dead_lettered) {
@@ -805,10 +814,11 @@ TEST_P(storage_contract, snooze_does_not_consume_an_attempt) {
   auto info = read(id);
   EXPECT_EQ(info.state, job_state::available);
   EXPECT_EQ(info.attempt, 0);
-  EXPECT_EQ(info.run_lease, 1);
+  EXPECT_EQ(info.run_lease, first.attempt.run_lease);
 
   const auto second = claim_one();
-  EXPECT_EQ(second.attempt, (attempt_id{id, 2}));
+  EXPECT_EQ(second.attempt.job_id, id);
+  EXPECT_GT(second.attempt.run_lease, first.attempt.run_lease);
   EXPECT_EQ(second.attempt_number, 1);
   must(db().snooze(second.attempt, 1h));
   info = read(id);
@@ -818,7 +828,8 @@ TEST_P(storage_contract, snooze_does_not_consume_an_attempt) {
 
   be().pass_time(1h);
   const auto third = claim_one();
-  EXPECT_EQ(third.attempt, (attempt_id{id, 3}));
+  EXPECT_EQ(third.attempt.job_id, id);
+  EXPECT_GT(third.attempt.run_lease, second.attempt.run_lease);
   EXPECT_EQ(third.attempt_number, 1);
   // Three executions, one attempt consumed: the budget of one is now spent.
   EXPECT_EQ(must(db().fail(third.attempt, "boom", fail_disposition::retry, 0us)),
@@ -890,29 +901,31 @@ TEST_P(storage_contract, retry_job_makes_a_finished_job_runnable_again) {
   auto info = read(completed);
   EXPECT_EQ(info.state, job_state::available);
   EXPECT_EQ(info.attempt, 0);
-  EXPECT_EQ(info.run_lease, 1);
+  EXPECT_EQ(info.run_lease, c.attempt.run_lease);
   EXPECT_FALSE(info.finalized_at);
   EXPECT_EQ(parsed(info.progress), json({{"kept", true}}));
-  EXPECT_EQ(claim_one("c").attempt, (attempt_id{completed, 2}));
+  const auto again = claim_one("c");
+  EXPECT_EQ(again.attempt.job_id, completed);
+  EXPECT_GT(again.attempt.run_lease, c.attempt.run_lease);
 
   new_job once = make_job("k", "f");
   once.max_attempts = 1;
   const auto failed = add(once);
-  ASSERT_EQ(must(db().fail(claim_one("f").attempt, "x", fail_disposition::retry, 0us)),
-            job_state::failed);
+  const auto only = claim_one("f");
+  ASSERT_EQ(must(db().fail(only.attempt, "x", fail_disposition::retry, 0us)), job_state::failed);
   ASSERT_TRUE(must(db().retry_job(failed)));
   info = read(failed);
   EXPECT_EQ(info.state, job_state::available);
   EXPECT_EQ(info.attempt, 0);  // a fresh budget: it may run once more
   const auto rerun = claim_one("f");
   EXPECT_EQ(rerun.attempt_number, 1);
-  EXPECT_EQ(rerun.attempt.run_lease, 2);
+  EXPECT_GT(rerun.attempt.run_lease, only.attempt.run_lease);
 
   const auto cancelled = add(make_job("k", "x"));
   ASSERT_TRUE(must(db().cancel_job(cancelled)));
   ASSERT_TRUE(must(db().retry_job(cancelled)));
   EXPECT_EQ(read(cancelled).state, job_state::available);
-  EXPECT_EQ(claim_one("x").attempt, (attempt_id{cancelled, 1}));
+  EXPECT_EQ(claim_one("x").attempt.job_id, cancelled);
 }
 
 TEST_P(storage_contract, retry_job_of_an_unfinished_or_unknown_job) {
@@ -926,7 +939,7 @@ TEST_P(storage_contract, retry_job_of_an_unfinished_or_unknown_job) {
   EXPECT_EQ(read(available).state, job_state::available);
   EXPECT_EQ(read(scheduled).state, job_state::scheduled);
   EXPECT_EQ(read(running).state, job_state::running);
-  EXPECT_EQ(read(running).run_lease, 1);
+  EXPECT_EQ(read(running).run_lease, c.attempt.run_lease);
   EXPECT_TRUE(complete(c.attempt));  // the attempt is untouched
   EXPECT_TRUE(fails_with(db().retry_job(987654321), errc::job_not_found));
 }
@@ -1008,7 +1021,8 @@ TEST_P(storage_contract, reconcile_reports_durable_evidence) {
   EXPECT_EQ(must(db().reconcile({987654321, 1})), attempt_evidence::unknown_job);
 
   const auto reclaimed = claim_one();
-  EXPECT_EQ(reclaimed.attempt, (attempt_id{rescued.job_id, rescued.run_lease + 1}));
+  EXPECT_EQ(reclaimed.attempt.job_id, rescued.job_id);
+  EXPECT_GT(reclaimed.attempt.run_lease, rescued.run_lease);
   EXPECT_EQ(must(db().reconcile(reclaimed.attempt)), attempt_evidence::open);
   EXPECT_EQ(must(db().reconcile(rescued)), attempt_evidence::closed_by_other);
 }
@@ -1093,7 +1107,7 @@ TEST_P(storage_contract, concurrent_claimers_never_share_a_job) {
   std::set<std::int64_t> claimed_ids;
   for (const auto& a : claimed) {
     claimed_ids.insert(a.job_id);
-    EXPECT_EQ(a.run_lease, 1);
+    EXPECT_GT(a.run_lease, 0);
   }
   EXPECT_EQ(claimed_ids, std::set<std::int64_t>(ids.begin(), ids.end()));
   EXPECT_THAT(claim(), IsEmpty());
@@ -1492,7 +1506,7 @@ TEST_P(storage_contract, a_blocking_wait_parks_on_the_first_poll_and_sees_the_re
   EXPECT_TRUE(complete(c.attempt));
 }
 
-TEST_P(storage_contract, a_parked_attempt_is_continued_with_its_run_lease_attempt_and_the_resume_payload) {
+TEST_P(storage_contract, a_parked_attempt_is_continued_by_a_new_run_lease_with_its_attempt_and_the_resume_payload) {
   const auto id = add(make_job());
   const auto c = claim_one();
   const auto cb = must(db().register_callback(c.attempt, 1h));
@@ -1507,8 +1521,10 @@ TEST_P(storage_contract, a_parked_attempt_is_continued_with_its_run_lease_attemp
   EXPECT_EQ(ready.run_lease, c.attempt.run_lease);
   EXPECT_EQ(ready.attempt, 1);
   const auto next = claim_one();
-  EXPECT_EQ(next.attempt, c.attempt) << "the same (job_id, run_lease)";
+  EXPECT_EQ(next.attempt.job_id, id);
+  EXPECT_GT(next.attempt.run_lease, c.attempt.run_lease) << "a continuation is a claim: a new run lease";
   EXPECT_EQ(next.attempt_number, 1) << "no attempt consumed";
+  EXPECT_FALSE(complete(c.attempt)) << "the parked attempt's lease is closed";
   ASSERT_TRUE(next.resumed_with);
   EXPECT_EQ(json::parse(*next.resumed_with), json({{"approved", "yes"}}));
   EXPECT_FALSE(next.secret == c.secret) << "the continuation draws a new secret";
@@ -1519,7 +1535,9 @@ TEST_P(storage_contract, a_parked_attempt_is_continued_with_its_run_lease_attemp
   EXPECT_FALSE(must(db().resume_callback(cb, "{}")));
   EXPECT_TRUE(must(db().resume_callback(cb2, R"({"round": 2})")));
   const auto third = claim_one();
-  EXPECT_EQ(third.attempt, c.attempt);
+  EXPECT_EQ(third.attempt.job_id, id);
+  EXPECT_GT(third.attempt.run_lease, next.attempt.run_lease);
+  EXPECT_EQ(third.attempt_number, 1);
   EXPECT_EQ(json::parse(third.resumed_with.value_or("null")), json({{"round", 2}}));
   EXPECT_TRUE(complete(third.attempt));
   EXPECT_EQ(read(id).state, job_state::completed);
@@ -1538,7 +1556,8 @@ TEST_P(storage_contract, parking_after_an_early_resume_makes_the_attempt_claimab
   EXPECT_EQ(read(id).state, job_state::running);
   EXPECT_EQ(must(db().park_callback(c.attempt, cb)), park_result::resumed);
   const auto next = claim_one();
-  EXPECT_EQ(next.attempt, c.attempt);
+  EXPECT_EQ(next.attempt.job_id, id);
+  EXPECT_GT(next.attempt.run_lease, c.attempt.run_lease) << "the continuation is a new attempt of the same number";
   EXPECT_EQ(json::parse(next.resumed_with.value_or("null")), json({{"early", 1}}));
 }
 
@@ -1580,7 +1599,7 @@ TEST_P(storage_contract, the_callback_timeout_rescues_a_parked_attempt) {
   EXPECT_EQ(read(id).last_error.value_or(""), "rescued: callback timed out");
   EXPECT_FALSE(must(db().resume_callback(cb, "{}"))) << "too late: the attempt was rescued";
   const auto next = claim_one();
-  EXPECT_EQ(next.attempt.run_lease, c.attempt.run_lease + 1) << "retried as a new attempt";
+  EXPECT_GT(next.attempt.run_lease, c.attempt.run_lease) << "retried as a new attempt";
   EXPECT_FALSE(next.resumed_with);
 }
 

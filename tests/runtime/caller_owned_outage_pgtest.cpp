@@ -124,14 +124,16 @@ TEST(caller_owned_outage, permit_is_released_after_the_budget_without_any_write_
   rt->stop();
 
   pg check{schema.dsn()};
-  EXPECT_EQ(check.scalar("SELECT state || ' ' || run_lease || ' ' || attempt || ' ' || last_error FROM " +
-                         schema.name() + ".jobs WHERE id = $1",
+  EXPECT_EQ(check.scalar("SELECT state || ' ' || attempt || ' ' || last_error FROM " + schema.name() +
+                             ".jobs WHERE id = $1",
                          {std::to_string(id.value())}),
-            "completed 2 2 provider unreachable")
+            "completed 2 provider unreachable")
       << "attempt 1 stayed open through the outage and was retried once by the policy";
   EXPECT_EQ(counted->forwarded(op::fail), 1) << "exactly one guarded retry write, after the server came back";
   EXPECT_EQ(check.scalar("SELECT count(*) FROM " + schema.name() + ".orders"), "1");
-  EXPECT_EQ(check.scalar("SELECT count(*) FROM " + schema.name() + ".orders WHERE run_lease = 2"), "1");
+  EXPECT_EQ(check.scalar("SELECT count(*) FROM " + schema.name() + ".orders o JOIN " + schema.name() +
+                         ".jobs j ON j.id = o.job_id AND j.run_lease = o.run_lease"),
+            "1") << "the business row is the completing attempt's";
   EXPECT_EQ(rt->metrics().watching, 0);
   EXPECT_EQ(rt->metrics().completed, 1u);
 }

@@ -352,7 +352,7 @@ TEST_F(multiprocess_pg, three_processes_one_killed_no_job_lost_and_reruns_only_f
 
   // Exactly the victim's open attempts were rescued, and exactly those of them that had executed
   // ran twice: nothing else ran again.
-  const long rescued_jobs = scalar_long("SELECT count(*) FROM " + s("done") + " WHERE run_lease > 1");
+  const long rescued_jobs = scalar_long("SELECT count(*) FROM " + s("done") + " WHERE attempt > 1");
   const long rerun_jobs = scalar_long("SELECT count(DISTINCT e.job_id) FROM " + s("executions") + " e JOIN " +
                                       s("done") + " d ON d.id = e.job_id WHERE e.run_lease <> d.run_lease");
   const long extra_executions = scalar_long("SELECT count(*) FROM " + s("executions")) - k_jobs;
@@ -443,8 +443,10 @@ TEST_F(multiprocess_pg, a_frozen_leader_does_not_stop_the_rescue_of_a_dead_worke
   EXPECT_LT(took, k_rescue_bound + k_rescue_slack)
       << "rescued and completed " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
       << " ms after the kill; documented bound " << k_rescue_bound.count() << " ms from the last heartbeat";
-  EXPECT_EQ(scalar_long("SELECT count(*) FROM " + s("done") + " WHERE run_lease = 2"), k_held);
-  EXPECT_EQ(scalar_long("SELECT count(*) FROM " + s("executions") + " WHERE worker = 'w3' AND run_lease = 2"), k_held);
+  EXPECT_EQ(scalar_long("SELECT count(*) FROM " + s("done") + " WHERE attempt = 2"), k_held);
+  EXPECT_EQ(scalar_long("SELECT count(*) FROM " + s("executions") + " e JOIN " + s("done") +
+                        " d ON d.id = e.job_id AND d.run_lease = e.run_lease WHERE e.worker = 'w3' AND d.attempt = 2"),
+            k_held);
   EXPECT_EQ(db_.scalar("SELECT split_part(holder, '/', 1) FROM " + s("leadership")), "mp-w3");
   EXPECT_TRUE(logged(w3, "worker mp-w3 is now the maintenance leader"));
   const long term_w3 = scalar_long("SELECT term FROM " + s("leadership"));
@@ -677,8 +679,8 @@ TEST_F(queue_limits_mp, three_processes_claim_within_the_token_bucket_and_reach_
   db_.exec("CREATE TABLE " + s("claim_log") + " (job_id bigint NOT NULL, tx bigint NOT NULL DEFAULT txid_current())");
   db_.exec("CREATE TABLE " + s("bucket_log") + " (tx bigint NOT NULL DEFAULT txid_current(), at timestamptz NOT NULL)");
   db_.exec("CREATE FUNCTION " + s("log_claim") + "() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO " +
-           s("claim_log") + " (job_id) VALUES (NEW.job_id); RETURN NULL; END $$");
-  db_.exec("CREATE TRIGGER log_claim AFTER INSERT ON " + s("receipts") + " FOR EACH ROW EXECUTE FUNCTION " +
+           s("claim_log") + " (job_id) SELECT unnest(NEW.job_ids); RETURN NULL; END $$");
+  db_.exec("CREATE TRIGGER log_claim AFTER INSERT ON " + s("claims") + " FOR EACH ROW EXECUTE FUNCTION " +
            s("log_claim") + "()");
   db_.exec("CREATE FUNCTION " + s("log_bucket") + "() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO " +
            s("bucket_log") + " (at) VALUES (NEW.rate_refilled_at); RETURN NULL; END $$");
@@ -739,22 +741,20 @@ TEST_F(multiprocess_pg, a_parked_attempt_survives_its_worker_killed_and_is_conti
   ASSERT_TRUE(reap(w1, 10s));
   const auto cb = db_.scalar("SELECT callback_id FROM " + s("attempt_state") + " WHERE job_id = $1", {id});
   EXPECT_EQ(db_.scalar("SELECT " + s("resume_callback") + "($1::uuid, '{\"approved\": \"yes\"}')", {cb}), "t");
-  EXPECT_EQ(db_.scalar("SELECT state || ':' || run_lease || ':' || attempt FROM " + s("jobs") + " WHERE id = $1", {id}),
-            "available:1:1");
+  EXPECT_EQ(db_.scalar("SELECT state || ':' || attempt FROM " + s("jobs") + " WHERE id = $1", {id}), "available:1");
   worker& w2 = spawn("w2");
   wait_ready(w2);
   ASSERT_TRUE(poll_until(
       [&] { return db_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {id}) == "completed"; }, 30s))
       << "the resumed attempt was not continued by w2";
-  // Same attempt (run lease 1, attempt 1) from claim to completion, executed once by each process.
-  EXPECT_EQ(db_.scalar("SELECT run_lease || ':' || attempt || ':' || (progress->>'approved') FROM " + s("jobs") +
-                           " WHERE id = $1",
+  // The same attempt (attempt 1) from claim to completion, executed once by each process, the
+  // continuation under a new run lease.
+  EXPECT_EQ(db_.scalar("SELECT attempt || ':' || (progress->>'approved') FROM " + s("jobs") + " WHERE id = $1", {id}),
+            "1:yes");
+  EXPECT_EQ(db_.scalar("SELECT string_agg(worker, ',' ORDER BY at) || '/' || count(DISTINCT run_lease) FROM " +
+                           s("executions") + " WHERE job_id = $1",
                        {id}),
-            "1:1:yes");
-  EXPECT_EQ(db_.scalar("SELECT string_agg(worker || '@' || run_lease, ',' ORDER BY at) FROM " + s("executions") +
-                           " WHERE job_id = $1",
-                       {id}),
-            "w1@1,w2@1");
+            "w1,w2/2");
   const auto tr = expect_trace_holds();
   EXPECT_EQ(tr.by_transition.value("waiting_external->available", 0), 1) << "the resume";
   EXPECT_EQ(tr.by_transition.value("available->running", 0), 2) << "the claim, then the continuation";

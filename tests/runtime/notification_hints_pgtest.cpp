@@ -78,8 +78,9 @@ class notification_hints_pg : public runtime_pg {
   std::function<void(pg&)> cancel_round(long first, long last) const {
     return [ch = channel("cancel"), first, last](pg& c) {
       // query(), never exec(): nothing may throw on the flood's thread.
-      c.query("SELECT count(pg_notify($1, j || ':' || l)) FROM generate_series($2::bigint, $3::bigint) j, "
-              "generate_series(1, 3) l",
+      // Every (job, lease) the first claims can have opened: a lease is claim id * 65536 + place.
+      c.query("SELECT count(pg_notify($1, j || ':' || ((k << 16) + p))) FROM generate_series($2::bigint, $3::bigint) j, "
+              "generate_series(1, 4) k, generate_series(1, 8) p",
               {ch, std::to_string(first), std::to_string(last)});
       c.query("SELECT count(pg_notify($1, (random() * 1e9)::bigint || ':' || (1 + (random() * 5)::int))) "
              "FROM generate_series(1, 50)",
@@ -128,7 +129,7 @@ TEST_F(notification_hints_pg, an_admin_cancel_and_a_rescue_still_cancel_their_ha
   std::map<long, steady::time_point> cancelled_at;
   auto rt = make(slow_heartbeat_config());
   rt->handle("victim", [&](job_context& ctx) {
-    if (ctx.run_lease() > 1) return job_outcome::completed();  // the rescued job's next attempt
+    if (ctx.attempt() > 1) return job_outcome::completed();  // the rescued job's next attempt
     if (ctx.wait_cancelled(30s)) {
       std::lock_guard lock(mu);
       cancelled_at[static_cast<long>(ctx.job_id())] = steady::now();

@@ -1,7 +1,7 @@
 // Parked callbacks against the real PostgreSQL: a handler returns job_outcome::park after
 // registering a callback; the attempt waits as waiting_external with no thread and no permit,
-// and a resume continues the same attempt (same job_id, run_lease and attempt number) on any
-// worker. Also the races of a parked attempt's resume with rescue, complete_callback, another
+// and a resume continues it (the same job and attempt number, under a new run lease: the
+// continuation is a claim) on any worker. Also the races of a parked attempt's resume with rescue, complete_callback, another
 // resume and cancel, through the store (the storage port).
 #include <atomic>
 #include <barrier>
@@ -16,7 +16,8 @@ namespace {
 struct park_probe {
   std::mutex mu;
   std::vector<std::string> ids;        ///< callbacks registered, in order
-  std::vector<std::string> calls;      ///< "<run_lease>/<attempt>/<resumed_with or ->" per call
+  std::vector<std::string> calls;      ///< "<attempt>/<resumed_with or ->" per call
+  std::vector<std::int64_t> leases;    ///< the run lease of each call
   std::vector<std::string> tokens;     ///< the token of each call
   std::string id(std::size_t i) {
     std::lock_guard lock(mu);
@@ -32,8 +33,8 @@ struct park_probe {
     auto resumed = ctx.resumed_with();
     {
       std::lock_guard lock(mu);
-      calls.push_back(std::to_string(ctx.run_lease()) + "/" + std::to_string(ctx.attempt()) + "/" +
-                      (resumed ? resumed->dump() : "-"));
+      calls.push_back(std::to_string(ctx.attempt()) + "/" + (resumed ? resumed->dump() : "-"));
+      leases.push_back(ctx.run_lease());
       tokens.push_back(ctx.token().to_string());
     }
     if (resumed) return job_outcome::completed(*resumed);
@@ -90,14 +91,15 @@ TEST_F(runtime_pg, a_parked_handler_frees_its_permit_and_a_resume_continues_the_
   {
     std::lock_guard lock(p.mu);
     ASSERT_EQ(p.calls.size(), 2u);
-    EXPECT_EQ(p.calls[0], "1/1/-");
-    EXPECT_EQ(p.calls[1], R"(1/1/{"by":"alice"})") << "same run lease and attempt, with the payload";
+    EXPECT_EQ(p.calls[0], "1/-");
+    EXPECT_EQ(p.calls[1], R"(1/{"by":"alice"})") << "the same attempt, with the payload";
+    EXPECT_GT(p.leases[1], p.leases[0]) << "the continuation runs under a new run lease";
     EXPECT_NE(p.tokens[0], p.tokens[1]) << "the continuation has a new attempt secret";
   }
   EXPECT_EQ(db_.scalar("SELECT run_lease || ':' || attempt || ':' || (progress->>'by') FROM " + s("jobs") +
                            " WHERE id = $1",
                        {id}),
-            "1:1:alice");
+            std::to_string(p.leases.at(1)) + ":1:alice");
   EXPECT_EQ(other_ran.load(), 2);
   rt->stop();
 }
@@ -136,14 +138,14 @@ TEST_F(runtime_pg, callback_timeout_rescues_a_parked_attempt_as_a_waiting_one) {
   rt->handle("external", [&](job_context& ctx) { return p.run(ctx, 150ms); });
   ASSERT_TRUE(rt->start());
   ASSERT_TRUE(eventually([&] { return state_of(id) == "failed"; }, 15s));
-  EXPECT_EQ(db_.scalar("SELECT attempt || ':' || run_lease || ':' || last_error FROM " + s("jobs") + " WHERE id = $1",
-                       {id}),
-            "2:2:rescued: callback timed out");
+  EXPECT_EQ(db_.scalar("SELECT attempt || ':' || last_error FROM " + s("jobs") + " WHERE id = $1", {id}),
+            "2:rescued: callback timed out");
   {
     std::lock_guard lock(p.mu);
     ASSERT_EQ(p.calls.size(), 2u) << "each attempt parked once, none was continued";
-    EXPECT_EQ(p.calls[0], "1/1/-");
-    EXPECT_EQ(p.calls[1], "2/2/-");
+    EXPECT_EQ(p.calls[0], "1/-");
+    EXPECT_EQ(p.calls[1], "2/-");
+    EXPECT_GT(p.leases[1], p.leases[0]);
   }
   EXPECT_EQ(db_.scalar("SELECT " + s("resume_callback") + "($1::uuid)", {p.id(1)}), "f");
   rt->stop();
@@ -176,7 +178,7 @@ TEST_F(runtime_pg, a_resume_before_the_handler_parks_continues_the_attempt_at_on
   rt->handle("external", [&](job_context& ctx) {
     if (auto r = ctx.resumed_with()) {
       std::lock_guard lock(mu);
-      seen.push_back(std::to_string(ctx.run_lease()) + ":" + r->dump());
+      seen.push_back(std::to_string(ctx.attempt()) + ":" + r->dump());
       return job_outcome::completed(*r);
     }
     auto cb = ctx.register_callback(60s);
@@ -284,12 +286,14 @@ TEST_F(runtime_pg, a_resume_racing_the_callback_timeout_rescue_of_a_parked_attem
     ASSERT_EQ(next.value().size(), 1u);
     const auto& n = next.value()[0];
     if (resumed.value()) {
-      EXPECT_EQ(n.attempt, p.claim.attempt) << "the continuation keeps (job_id, run_lease)";
+      EXPECT_EQ(n.attempt.job_id, p.claim.attempt.job_id);
+      EXPECT_GT(n.attempt.run_lease, p.claim.attempt.run_lease) << "the continuation is a new run lease";
       EXPECT_EQ(n.attempt_number, p.claim.attempt_number);
       ASSERT_TRUE(n.resumed_with);
       EXPECT_EQ(nlohmann::json::parse(*n.resumed_with), nlohmann::json({{"n", 1}}));
     } else {
-      EXPECT_EQ(n.attempt.run_lease, p.claim.attempt.run_lease + 1) << "a rescued attempt is retried as a new one";
+      EXPECT_GT(n.attempt.run_lease, p.claim.attempt.run_lease) << "a rescued attempt is retried as a new one";
+      EXPECT_EQ(n.attempt_number, p.claim.attempt_number + 1);
       EXPECT_FALSE(n.resumed_with);
     }
     ASSERT_TRUE(st->complete(std::vector<completion>{{n.attempt, std::nullopt}}));
@@ -342,7 +346,8 @@ TEST_F(runtime_pg, the_old_token_cannot_finalize_a_parked_attempt_nor_its_contin
   auto next = st->claim("default", 1, "racer");
   ASSERT_TRUE(next);
   ASSERT_EQ(next.value().size(), 1u);
-  ASSERT_EQ(next.value()[0].attempt, p.claim.attempt);
+  ASSERT_EQ(next.value()[0].attempt.job_id, p.claim.attempt.job_id);
+  ASSERT_GT(next.value()[0].attempt.run_lease, p.claim.attempt.run_lease);
   auto stale = complete_with(old_token);
   EXPECT_FALSE(stale.ok);
   EXPECT_EQ(stale.sqlstate, "TN001") << "the continuation's secret is new: the old token is refused";

@@ -16,7 +16,9 @@ TEST_F(runtime_pg, flush_progress_applies_now_and_materializes_the_lease_keeping
   auto rt = make(cfg);
   std::atomic<bool> flushed{false}, release{false};
   std::atomic<int> flush_answer{-1};
+  std::atomic<std::int64_t> lease{0};
   rt->handle("long", [&](job_context& ctx) {
+    lease = ctx.run_lease();
     ctx.set_progress(40, "copying", {{"offset", 4000}});
     auto r = ctx.flush_progress();
     flush_answer = r ? (r.value() ? 1 : 0) : 2;
@@ -28,9 +30,11 @@ TEST_F(runtime_pg, flush_progress_applies_now_and_materializes_the_lease_keeping
   ASSERT_TRUE(eventually([&] { return flushed.load(); }));
   EXPECT_EQ(flush_answer.load(), 1);
   // The lease row exists now, for the same (job_id, run_lease) the claim gave.
-  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("attempt_state") + " WHERE job_id = $1 AND run_lease = 1", {id}),
+  const auto claimed = std::to_string(lease.load());
+  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("attempt_state") + " WHERE job_id = $1 AND run_lease = $2",
+                       {id, claimed}),
             "1");
-  EXPECT_EQ(db_.scalar("SELECT run_lease FROM " + s("jobs") + " WHERE id = $1", {id}), "1");
+  EXPECT_EQ(db_.scalar("SELECT run_lease FROM " + s("jobs") + " WHERE id = $1", {id}), claimed);
   EXPECT_EQ(db_.scalar("SELECT progress->>'message' || ':' || (progress->>'percent') || ':' || "
                        "(progress->'metadata'->>'offset') FROM " + s("jobs") + " WHERE id = $1",
                        {id}),
@@ -127,7 +131,7 @@ TEST_F(runtime_pg, rescue_keeps_the_heartbeated_progress_for_the_next_attempt) {
   std::atomic<bool> a_flushed{false};
   std::atomic<bool> resumed_ok{false};
   a->handle("stuck", [&](job_context& ctx) {
-    if (ctx.run_lease() == 1) {
+    if (ctx.attempt() == 1) {
       ctx.set_progress(70, "before the crash", {{"next", 7}});
       auto f = ctx.flush_progress();
       a_flushed = f && f.value();
@@ -147,7 +151,7 @@ TEST_F(runtime_pg, rescue_keeps_the_heartbeated_progress_for_the_next_attempt) {
   ASSERT_TRUE(eventually([&] { return db_.scalar("SELECT " + s("rescue_stale") + "('50 milliseconds')") == "1"; }, 5s));
   ASSERT_TRUE(eventually([&] { return state_of(id) == "completed"; }));
   EXPECT_TRUE(resumed_ok.load());
-  EXPECT_EQ(db_.scalar("SELECT run_lease FROM " + s("jobs") + " WHERE id = $1", {id}), "2");
+  EXPECT_EQ(db_.scalar("SELECT attempt FROM " + s("jobs") + " WHERE id = $1", {id}), "2");
   a->stop();
 }
 
@@ -187,7 +191,9 @@ TEST_F(runtime_pg, wait_for_callback_parks_holds_the_permit_and_returns_the_resu
     other_ran = true;
     return job_outcome::completed();
   });
+  std::atomic<std::int64_t> lease{0};
   rt->handle("external", [&](job_context& ctx) {
+    lease = ctx.run_lease();
     auto cb = p.register_in(ctx, 60s);
     if (!cb) return job_outcome::fail("register: " + cb.error().message());
     auto payload = ctx.wait_for_callback(cb.value());
@@ -225,7 +231,7 @@ TEST_F(runtime_pg, wait_for_callback_parks_holds_the_permit_and_returns_the_resu
   }
   EXPECT_EQ(db_.scalar("SELECT run_lease || ':' || (progress->>'approved_by') FROM " + s("jobs") + " WHERE id = $1",
                        {id}),
-            "1:alice")
+            std::to_string(lease.load()) + ":alice")
       << "same run lease from claim to completion";
   ASSERT_TRUE(eventually([&] { return other_ran.load() && state_of(other) == "completed"; }));
   rt->stop();
@@ -325,9 +331,8 @@ TEST_F(runtime_pg, callback_timeout_retries_while_attempts_remain_then_fails) {
   ASSERT_TRUE(eventually([&] { return state_of(id) == "failed"; }, 15s));
   ASSERT_TRUE(eventually([&] { return p.waits_returned.load() == 2; }));
   EXPECT_TRUE(p.last_stale.load());
-  EXPECT_EQ(db_.scalar("SELECT attempt || ':' || run_lease || ':' || last_error FROM " + s("jobs") + " WHERE id = $1",
-                       {id}),
-            "2:2:rescued: callback timed out");
+  EXPECT_EQ(db_.scalar("SELECT attempt || ':' || last_error FROM " + s("jobs") + " WHERE id = $1", {id}),
+            "2:rescued: callback timed out");
   {
     std::lock_guard lock(p.mu);
     ASSERT_EQ(p.ids.size(), 2u);

@@ -218,7 +218,7 @@ class starvation_pg : public queue_limits_pg {
       session.exec("SELECT " + s("enqueue_batch") +
                    "(array_fill('urgent'::text, ARRAY[n]), array_fill('{}'::jsonb, ARRAY[n]), "
                    "array_fill('default'::text, ARRAY[n]), array_fill(1, ARRAY[n])) "
-                   "FROM (SELECT 30 - count(*)::int AS n FROM " + s("ready") + " WHERE kind = 'urgent') c WHERE n > 0");
+                   "FROM (SELECT 30 - count(*)::int AS n FROM " + s("ready") + " r JOIN " + s("specs") + " j ON j.id = r.id WHERE j.kind = 'urgent') c WHERE n > 0");
     };
     top_up(db_);
     std::thread producer([&] {

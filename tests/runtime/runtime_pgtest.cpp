@@ -214,6 +214,7 @@ TEST_F(runtime_pg, rescued_attempt_gets_its_cancel_flag_and_its_late_completion_
   a_cfg.maintenance = false;
   auto a = make(a_cfg);
   std::atomic<bool> a_started{false}, a_saw_cancel{false};
+  std::atomic<std::int64_t> first_lease{0};
   std::vector<job_event> a_events;
   std::mutex mu;
   a->on_event([&](const job_event& e) {
@@ -221,7 +222,8 @@ TEST_F(runtime_pg, rescued_attempt_gets_its_cancel_flag_and_its_late_completion_
     a_events.push_back(e);
   });
   a->handle("stuck", [&](job_context& ctx) {
-    if (ctx.run_lease() > 1) return job_outcome::completed();  // the re-run after rescue
+    if (ctx.attempt() > 1) return job_outcome::completed();  // the re-run after rescue
+    first_lease = ctx.run_lease();
     a_started = true;
     a_saw_cancel = ctx.wait_cancelled(30s);
     return job_outcome::completed();  // arrives late: must be discarded as stale
@@ -243,14 +245,15 @@ TEST_F(runtime_pg, rescued_attempt_gets_its_cancel_flag_and_its_late_completion_
   // The rescued job ran again under a new run lease (in A, the only runtime with its handler,
   // possibly before A's stale result came back) and completed that time.
   ASSERT_TRUE(eventually([&] { return state_of(id) == "completed"; }));
-  EXPECT_EQ(db_.scalar("SELECT run_lease FROM " + s("jobs") + " WHERE id = $1", {id}), "2");
+  EXPECT_EQ(db_.scalar("SELECT attempt FROM " + s("jobs") + " WHERE id = $1", {id}), "2");
+  EXPECT_GT(std::stoll(db_.scalar("SELECT run_lease FROM " + s("jobs") + " WHERE id = $1", {id})), first_lease.load());
   ASSERT_TRUE(eventually([&] { return a->metrics().completed == 1; })) << "the re-run, and only the re-run";
   a->stop();
   EXPECT_EQ(a->metrics().completed, 1u);
   std::lock_guard lock(mu);
   for (const auto& e : a_events) {
     if (e.event == lifecycle_event::completed) {
-      EXPECT_EQ(e.attempt.run_lease, 2) << "no hook for a stale result";
+      EXPECT_GT(e.attempt.run_lease, first_lease.load()) << "no hook for a stale result";
     }
   }
 }
@@ -533,9 +536,9 @@ TEST_F(runtime_pg, per_queue_metrics_after_a_drain_label_each_queue_with_its_own
 }
 
 TEST_F(runtime_pg, the_leader_vacuums_the_claim_path_after_a_drain_leaves_enough_dead_rows) {
-  // Autovacuum stays off these two tables here: an insert-triggered autovacuum of receipts could
-  // clean the drain's dead rows first (or hold the table while the leader's VACUUM skips it).
-  for (const std::string table : {"ready", "receipts"}) {
+  // Autovacuum stays off the claim path's tables here: an autovacuum could clean the drain's dead
+  // rows first (or hold the table while the leader's VACUUM skips it).
+  for (const std::string table : {"ready", "open_claims"}) {
     db_.exec("ALTER TABLE " + s(table) + " SET (autovacuum_enabled = false)");
   }
   enqueue_many(1'500, "x");
@@ -552,9 +555,9 @@ TEST_F(runtime_pg, the_leader_vacuums_the_claim_path_after_a_drain_leaves_enough
   ASSERT_TRUE(rt->start());
   ASSERT_TRUE(eventually([&] { return count("state = 'completed'") == 1'500; }));
   // The drain's backends report their dead rows within a few seconds; the next pass vacuums.
-  ASSERT_TRUE(eventually([&] { return rt->metrics().reclaims >= 2; }, 30s)) << rt->metrics().reclaims;
+  // (1,500 dead rows in ready; open_claims holds one row per claim of 500, below the threshold.)
+  ASSERT_TRUE(eventually([&] { return rt->metrics().reclaims >= 1; }, 30s)) << rt->metrics().reclaims;
   EXPECT_GE(vacuums("ready"), 1);
-  EXPECT_GE(vacuums("receipts"), 1);
   EXPECT_EQ(count("state = 'completed'"), 1'500) << "reclaiming changed no job";
   rt->stop();
 }

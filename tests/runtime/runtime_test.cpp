@@ -645,8 +645,8 @@ TEST_F(runtime_unit, a_parked_handler_frees_its_permit_and_a_resume_continues_th
   std::lock_guard lock(mu);
   ASSERT_EQ(calls.size(), 2u);
   EXPECT_EQ(calls[0], "1/1/-");
-  EXPECT_EQ(calls[1], R"(1/1/{"ok":true})");
-  EXPECT_EQ(inner_->read_job(parked).value().run_lease, 1);
+  EXPECT_EQ(calls[1], R"(2/1/{"ok":true})") << "the continuation: a new run lease, the same attempt";
+  EXPECT_EQ(inner_->read_job(parked).value().run_lease, 2);
 }
 
 }  // namespace

@@ -217,7 +217,7 @@ int main(int argc, char** argv) {
 
   rt->handle("hold", [&recorder](tenure::job_context& ctx) {
     recorder.record(ctx.job_id(), ctx.run_lease());
-    if (ctx.run_lease() == 1) ctx.wait_cancelled(60s);
+    if (ctx.attempt() == 1) ctx.wait_cancelled(60s);
     return tenure::job_outcome::completed();
   });
 

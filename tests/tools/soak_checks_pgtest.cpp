@@ -43,8 +43,9 @@ TEST_F(soak_checks_pg, a_clean_run_passes_and_terminal_transitions_are_recorded_
   const auto id = enqueue("caller_owned");
   order(id, "caller_owned", true);
   const auto token = claim();
+  const auto lease = token.substr(token.find(':', 4) + 1, token.rfind(':') - token.find(':', 4) - 1);  // tn2:job:lease:secret
   db_.exec("BEGIN");
-  business(id, "1");
+  business(id, lease);
   db_.exec("SELECT * FROM " + n_.tenure + ".complete_job($1)", {token});
   db_.exec("COMMIT");
   const auto failed = enqueue("fail");

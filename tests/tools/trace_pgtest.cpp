@@ -43,6 +43,13 @@ class trace_pg : public ::testing::Test {
                       {job});
   }
   std::string claim() { return db_.scalar("SELECT job_id FROM " + s("claim_attempts") + "('default', 1)"); }
+  /// The run lease of the job's open attempt.
+  std::string lease(const std::string& job) {
+    return db_.scalar("SELECT run_lease FROM " + s("receipts") + " WHERE job_id = $1", {job});
+  }
+  void complete(const std::string& job) {
+    db_.exec("SELECT * FROM " + s("complete_batch") + "(ARRAY[$1::bigint], ARRAY[$2::bigint])", {job, lease(job)});
+  }
   static std::string rules(const trace::report& r) {
     std::string out;
     for (const auto& v : r.violations) out += std::to_string(v.property) + ":" + v.rule + " ";
@@ -71,46 +78,46 @@ TEST_F(trace_pg, a_run_through_every_closing_function_records_committed_transiti
   // Batch completion.
   const auto a = db_.scalar("SELECT " + s("enqueue") + "('a')");
   ASSERT_EQ(claim(), a);
-  db_.exec("SELECT * FROM " + s("complete_batch") + "(ARRAY[$1::bigint], ARRAY[1::bigint])", {a});
+  complete(a);
   // A caller's transaction: business row and complete_job commit together; one that rolls back
   // leaves nothing in the trace.
   const auto b = db_.scalar("SELECT " + s("enqueue") + "('b')");
   ASSERT_EQ(claim(), b);
   const auto tok = token(b);
   db_.exec("BEGIN");
-  db_.exec("INSERT INTO " + s("orders") + " VALUES ($1, 1)", {b});
+  db_.exec("INSERT INTO " + s("orders") + " VALUES ($1, $2)", {b, lease(b)});
   db_.exec("SELECT * FROM " + s("complete_job") + "($1)", {tok});
   db_.exec("ROLLBACK");
   db_.exec("BEGIN");
-  db_.exec("INSERT INTO " + s("orders") + " VALUES ($1, 1)", {b});
+  db_.exec("INSERT INTO " + s("orders") + " VALUES ($1, $2)", {b, lease(b)});
   db_.exec("SELECT * FROM " + s("complete_job") + "($1)", {tok});
   db_.exec("COMMIT");
   // Retry through fail_attempt, promotion, then rescue, cancel, admin retry, snooze.
   const auto c = db_.scalar("SELECT " + s("enqueue") + "('c')");
   ASSERT_EQ(claim(), c);
-  db_.exec("SELECT " + s("fail_attempt") + "($1, 1, 'boom')", {c});
+  db_.exec("SELECT " + s("fail_attempt") + "($1, $2, 'boom')", {c, lease(c)});
   ASSERT_EQ(claim(), c);  // promotes the due retry, then claims lease 2
   db_.exec("SELECT * FROM " + s("rescue_stale") + "('0 seconds')");
   ASSERT_EQ(claim(), c);
   db_.exec("SELECT " + s("cancel_job") + "($1)", {c});
   db_.exec("SELECT " + s("retry_job") + "($1)", {c});
   ASSERT_EQ(claim(), c);
-  db_.exec("SELECT " + s("snooze_attempt") + "($1, 4, '0 seconds')", {c});
+  db_.exec("SELECT " + s("snooze_attempt") + "($1, $2, '0 seconds')", {c, lease(c)});
   ASSERT_EQ(claim(), c);
-  // A parked attempt resumed and continued with the same lease.
-  db_.exec("SELECT * FROM " + s("complete_batch") + "(ARRAY[$1::bigint], ARRAY[5::bigint])", {c});
+  complete(c);
+  // A parked attempt resumed and continued (under a new lease).
   const auto d = db_.scalar("SELECT " + s("enqueue") + "('d')");
   ASSERT_EQ(claim(), d);
-  const auto cb = db_.scalar("SELECT " + s("register_callback") + "($1, 1, '1 minute')", {d});
-  EXPECT_EQ(db_.scalar("SELECT " + s("park_callback") + "($1, 1, $2)", {d, cb}), "parked");
+  const auto cb = db_.scalar("SELECT " + s("register_callback") + "($1, $2, '1 minute')", {d, lease(d)});
+  EXPECT_EQ(db_.scalar("SELECT " + s("park_callback") + "($1, $2, $3)", {d, lease(d), cb}), "parked");
   EXPECT_EQ(db_.scalar("SELECT " + s("resume_callback") + "($1)", {cb}), "t");
   ASSERT_EQ(claim(), d);
-  db_.exec("SELECT * FROM " + s("complete_batch") + "(ARRAY[$1::bigint], ARRAY[1::bigint])", {d});
+  complete(d);
   // A parked attempt finished from outside.
   const auto e = db_.scalar("SELECT " + s("enqueue") + "('e')");
   ASSERT_EQ(claim(), e);
-  const auto cb2 = db_.scalar("SELECT " + s("register_callback") + "($1, 1, '1 minute')", {e});
-  EXPECT_EQ(db_.scalar("SELECT " + s("park_callback") + "($1, 1, $2)", {e, cb2}), "parked");
+  const auto cb2 = db_.scalar("SELECT " + s("register_callback") + "($1, $2, '1 minute')", {e, lease(e)});
+  EXPECT_EQ(db_.scalar("SELECT " + s("park_callback") + "($1, $2, $3)", {e, lease(e), cb2}), "parked");
   EXPECT_EQ(db_.scalar("SELECT " + s("complete_callback") + "($1)", {cb2}), "t");
 
   const auto r = checked();
@@ -134,7 +141,7 @@ TEST_F(trace_pg, jobs_from_before_the_recorder_are_checked_from_where_the_trace_
   const auto completed = db_.scalar("SELECT " + s("enqueue") + "('b')");
   ASSERT_EQ(claim(), completed);
   install();
-  db_.exec("SELECT * FROM " + s("complete_batch") + "(ARRAY[$1::bigint], ARRAY[1::bigint])", {completed});
+  complete(completed);
   db_.exec("SELECT * FROM " + s("rescue_stale") + "('0 seconds')");
   ASSERT_EQ(claim(), rescued);
   const auto r = checked();
@@ -149,12 +156,20 @@ TEST_F(trace_pg, a_completion_recorded_by_hand_for_an_older_lease_fails_property
   ASSERT_EQ(claim(), j);
   db_.exec("SELECT * FROM " + s("rescue_stale") + "('0 seconds')");
   ASSERT_EQ(claim(), j);  // lease 2 is live
-  // What a completion without its guard would commit: the live receipt closed, lease 1's outcome.
-  db_.exec("WITH c AS (DELETE FROM " + s("receipts") + " WHERE job_id = $1 RETURNING *) INSERT INTO " + s("done") +
-               " (id, queue, kind, args, state, priority, attempt, max_attempts, run_lease, run_at, created_at, "
-               "finalized_at) SELECT job_id, queue, kind, args, 'completed', priority, attempt, max_attempts, 1, run_at, "
-               "created_at, now() FROM c",
+  // What a completion without its guard would commit: the live attempt closed, and lease 1's
+  // outcome recorded (a finished job's record naming the older lease).
+  const auto first = db_.scalar("SELECT run_lease FROM " + s("claim_items") + " WHERE job_id = $1 ORDER BY claim_id LIMIT 1",
+                                {j});
+  db_.exec("BEGIN");
+  db_.exec("INSERT INTO " + s("closures") + " (claim_id, pos, outcome, closed_at) SELECT claim_id, pos, 'a', now() FROM " +
+               s("open_attempts") + " WHERE job_id = $1",
            {j});
+  db_.exec("WITH k AS (INSERT INTO " + s("claims") + " (claim_id, queue, claimed_at, lo, hi, job_ids, attempts, secrets, "
+               "run_ats, run_leases) VALUES (nextval('" + s("claim_id_seq") + "'), 'default', now(), $1, $1, ARRAY[$1::bigint], "
+               "ARRAY[1], ARRAY[gen_random_uuid()], ARRAY[now()], ARRAY[$2::bigint]) RETURNING claim_id) "
+               "INSERT INTO " + s("closures") + " (claim_id, pos, outcome, closed_at) SELECT claim_id, 1, 'c', now() FROM k",
+           {j, first});
+  db_.exec("COMMIT");
   const auto r = checked();
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.violations.front().property, 1) << rules(r);
@@ -171,24 +186,30 @@ TEST_F(trace_pg, a_stale_completion_through_a_guardless_complete_batch_fails_pro
   ASSERT_EQ(claim(), j);
   db_.exec("SELECT * FROM " + s("rescue_stale") + "('0 seconds')");
   ASSERT_EQ(claim(), j);
-  const std::string stale = "SELECT count(*) FROM " + s("complete_batch") + "(ARRAY[$1::bigint], ARRAY[1::bigint])";
-  EXPECT_EQ(db_.scalar(stale, {j}), "0");
+  const auto first = db_.scalar("SELECT run_lease FROM " + s("claim_items") + " WHERE job_id = $1 ORDER BY claim_id LIMIT 1",
+                                {j});
+  const auto second = lease(j);
+  const std::string stale = "SELECT count(*) FROM " + s("complete_batch") + "(ARRAY[$1::bigint], ARRAY[$2::bigint])";
+  EXPECT_EQ(db_.scalar(stale, {j, first}), "0");
   EXPECT_TRUE(checked().ok());
   db_.exec("CREATE OR REPLACE FUNCTION " + s("complete_batch") +
            "(job_ids bigint[], run_leases bigint[], progress jsonb[] DEFAULT NULL, secrets uuid[] DEFAULT NULL) "
            "RETURNS TABLE(job_id bigint, run_lease bigint, completed_at timestamptz) LANGUAGE plpgsql SECURITY DEFINER "
            "SET search_path = pg_catalog, pg_temp AS $$ #variable_conflict use_column\nBEGIN RETURN QUERY "
-           "WITH closed AS (DELETE FROM " + s("receipts") + " r WHERE r.job_id = job_ids[1] RETURNING r.*) "
-           "INSERT INTO " + s("done") + " (id, queue, kind, args, state, priority, attempt, max_attempts, run_lease, run_at, "
-           "created_at, finalized_at) SELECT c.job_id, c.queue, c.kind, c.args, 'completed', c.priority, c.attempt, "
-           "c.max_attempts, run_leases[1], c.run_at, c.created_at, now() FROM closed c "
-           "RETURNING id, run_lease, finalized_at; END $$");
-  EXPECT_EQ(db_.scalar(stale, {j}), "1");
+           "WITH live AS (INSERT INTO " + s("closures") + " (claim_id, pos, outcome, closed_at) SELECT o.claim_id, o.pos, "
+           "'a', now() FROM " + s("open_attempts") + " o WHERE o.job_id = job_ids[1] RETURNING 1), "
+           "k AS (INSERT INTO " + s("claims") + " (claim_id, queue, claimed_at, lo, hi, job_ids, attempts, secrets, run_ats, "
+           "run_leases) SELECT nextval('" + s("claim_id_seq") + "'), 'default', now(), job_ids[1], job_ids[1], "
+           "ARRAY[job_ids[1]], ARRAY[1], ARRAY[gen_random_uuid()], ARRAY[now()], ARRAY[run_leases[1]] FROM live "
+           "RETURNING claim_id) "
+           "INSERT INTO " + s("closures") + " AS x (claim_id, pos, outcome, closed_at) SELECT k.claim_id, 1, 'c', now() "
+           "FROM k RETURNING job_ids[1], run_leases[1], x.closed_at; END $$");
+  EXPECT_EQ(db_.scalar(stale, {j, first}), "1");
   const auto r = checked();
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.violations.front().rule, "stale_finalization") << rules(r);
-  EXPECT_EQ(r.violations.front().transitions.back().from, (trace::point{"running", 2}));
-  EXPECT_EQ(r.violations.front().transitions.back().to, (trace::point{"completed", 1}));
+  EXPECT_EQ(r.violations.front().transitions.back().from, (trace::point{"running", std::stoll(second)}));
+  EXPECT_EQ(r.violations.front().transitions.back().to, (trace::point{"completed", std::stoll(first)}));
   EXPECT_EQ(r.violations.front().transitions.back().who, "complete_batch");
 }
 
@@ -196,8 +217,11 @@ TEST_F(trace_pg, a_second_terminal_outcome_written_by_hand_fails_property_2) {
   install();
   const auto j = db_.scalar("SELECT " + s("enqueue") + "('a')");
   ASSERT_EQ(claim(), j);
-  db_.exec("SELECT * FROM " + s("complete_batch") + "(ARRAY[$1::bigint], ARRAY[1::bigint])", {j});
-  db_.exec("UPDATE " + s("done") + " SET state = 'failed' WHERE id = $1", {j});
+  const auto only = lease(j);
+  complete(j);
+  db_.exec("UPDATE " + s("closures") + " x SET outcome = 'f' FROM " + s("claim_items") +
+               " i WHERE i.claim_id = x.claim_id AND i.pos = x.pos AND i.job_id = $1 AND i.run_lease = $2",
+           {j, only});
   const auto r = checked();
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.violations.front().property, 2) << rules(r);
@@ -222,7 +246,7 @@ TEST_F(trace_pg, a_business_row_committed_apart_from_its_completion_fails_proper
   ASSERT_EQ(claim(), j);
   const auto tok = token(j);
   // The business write commits first, the completion in a transaction of its own.
-  db_.exec("INSERT INTO " + s("orders") + " VALUES ($1, 1)", {j});
+  db_.exec("INSERT INTO " + s("orders") + " VALUES ($1, $2)", {j, lease(j)});
   db_.exec("SELECT * FROM " + s("complete_job") + "($1)", {tok});
   const auto r = checked();
   ASSERT_EQ(r.violations.size(), 2u) << rules(r);
@@ -251,7 +275,7 @@ TEST_F(trace_pg, tenure_trace_installs_checks_with_a_json_summary_exits_1_on_a_v
   EXPECT_NE(out.find("watching " + s("orders") + " (job_id, lease)"), std::string::npos) << out;
   const auto j = db_.scalar("SELECT " + s("enqueue") + "('a')");
   ASSERT_EQ(claim(), j);
-  db_.exec("SELECT * FROM " + s("complete_batch") + "(ARRAY[$1::bigint], ARRAY[1::bigint])", {j});
+  complete(j);
   std::tie(out, code) = tenure_cli("trace check " + common);
   ASSERT_EQ(code, 0) << out;
   const auto summary = nlohmann::json::parse(out);

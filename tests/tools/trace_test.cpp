@@ -70,12 +70,12 @@ TEST(trace_checker, a_lifecycle_with_rescue_retry_cancel_admin_retry_and_a_conti
       .step(1, {"available", 3}, {"running", 4}, "claim_attempts")
       .step(1, {"running", 4}, {"cancelled", 4}, "cancel_job>cancel_attempt")
       .step(1, {"cancelled", 4}, {"gone", 4}, "maintain>prune_expired");
-  // A parked attempt: waiting, resumed to a continuation with the same lease, completed.
+  // A parked attempt: waiting, resumed, continued under a new lease, completed.
   b.claimed(2)
       .step(2, {"running", 1}, {"waiting_external", 1}, "park_callback")
       .step(2, {"waiting_external", 1}, {"available", 1, true}, "resume_callback>continue_parked")
-      .step(2, {"available", 1, true}, {"running", 1}, "claim_attempts")
-      .step(2, {"running", 1}, {"completed", 1}, "complete_batch");
+      .step(2, {"available", 1, true}, {"running", 65537}, "claim_attempts")
+      .step(2, {"running", 65537}, {"completed", 65537}, "complete_batch");
   // A caller-owned completion with its business row, in one transaction.
   b.claimed(3).step(3, {"running", 1}, {"completed", 1}, "complete_job>complete_batch").business(3, 1);
   const auto r = b.checked();
@@ -181,14 +181,19 @@ TEST(trace_checker, a_lease_going_down_breaks_property_3) {
   EXPECT_TRUE(breaks(b.checked(), 3, "lease_went_down"));
 }
 
-TEST(trace_checker, a_claim_that_does_not_advance_the_lease_by_one_breaks_property_3) {
-  builder same, skip;
+TEST(trace_checker, a_claim_that_does_not_advance_the_lease_breaks_property_3) {
+  builder same, kept, skip;
   same.claimed(1)
       .step(1, {"running", 1}, {"available", 1}, "maintain>rescue_attempts")
-      .step(1, {"available", 1}, {"running", 1}, "claim_attempts");  // not a continuation
+      .step(1, {"available", 1}, {"running", 1}, "claim_attempts");
   EXPECT_TRUE(breaks(same.checked(), 3, "claim_lease"));
-  skip.step(1, {}, {"available", 0}, "enqueue").step(1, {"available", 0}, {"running", 2}, "claim_attempts");
-  EXPECT_TRUE(breaks(skip.checked(), 3, "claim_lease"));
+  kept.claimed(1)  // a continuation is a claim too: it must not keep the parked attempt's lease
+      .step(1, {"running", 1}, {"waiting_external", 1}, "park_callback")
+      .step(1, {"waiting_external", 1}, {"available", 1, true}, "resume_callback>continue_parked")
+      .step(1, {"available", 1, true}, {"running", 1}, "claim_attempts");
+  EXPECT_TRUE(breaks(kept.checked(), 3, "claim_lease"));
+  skip.step(1, {}, {"available", 0}, "enqueue").step(1, {"available", 0}, {"running", 131073}, "claim_attempts");
+  EXPECT_TRUE(passes(skip.checked())) << "a lease need not be the previous one plus one";
 }
 
 // ---- property 4: no business write without its attempt's completion ------------------------------
@@ -242,11 +247,11 @@ TEST(trace_derive, row_events_in_either_order_within_a_transaction_make_one_tran
       {6, 9, "f", "receipts", 'D', 7, 2, "running", false, "resume_callback>continue_parked", "api"},
       {6, 10, "f", "ready", 'I', 7, 2, "available", true, "resume_callback>continue_parked", "api"},
       {7, 11, "g", "ready", 'D', 7, 2, "available", true, "claim_attempts", "w"},
-      {7, 12, "g", "receipts", 'I', 7, 2, "running", false, "claim_attempts", "w"},
-      {8, 13, "h", "receipts", 'D', 7, 2, "running", false, "complete_job>complete_batch", "app"},
-      {8, 14, "h", "done", 'I', 7, 2, "completed", false, "complete_job>complete_batch", "app"},
-      {8, 15, "h", "business", 'I', 7, 2, "app.orders", false, "", "app"},
-      {9, 16, "i", "done", 'D', 7, 2, "completed", false, "maintain>prune_expired", "w"},
+      {7, 12, "g", "receipts", 'I', 7, 3, "running", false, "claim_attempts", "w"},  // the continuation: a new lease
+      {8, 13, "h", "receipts", 'D', 7, 3, "running", false, "complete_job>complete_batch", "app"},
+      {8, 14, "h", "done", 'I', 7, 3, "completed", false, "complete_job>complete_batch", "app"},
+      {8, 15, "h", "business", 'I', 7, 3, "app.orders", false, "", "app"},
+      {9, 16, "i", "done", 'D', 7, 3, "completed", false, "maintain>prune_expired", "w"},
   };
   const auto t = derive(ev, true);
   std::vector<std::string> got;
@@ -256,8 +261,8 @@ TEST(trace_derive, row_events_in_either_order_within_a_transaction_make_one_tran
   }
   EXPECT_EQ(got, (std::vector<std::string>{"none0>available0", "available0>running1", "running1>available1",
                                            "available1>running2", "running2>waiting_external2",
-                                           "waiting_external2>available2c", "available2c>running2",
-                                           "running2>completed2", "completed2>gone2"}));
+                                           "waiting_external2>available2c", "available2c>running3",
+                                           "running3>completed3", "completed3>gone3"}));
   EXPECT_EQ(t.transactions, 9u);
   EXPECT_EQ(t.business.size(), 1u);
   EXPECT_TRUE(passes(check(t)));

@@ -92,7 +92,8 @@ TEST_F(callbacks, checkpoint_is_the_progress_carried_in_and_is_guarded) {
             "retryable");
   db_.exec("SELECT " + s("promote_due") + "()");
   auto b = claim();
-  EXPECT_EQ(b.run_lease, "2");
+  EXPECT_EQ(b.job_id, a.job_id);
+  EXPECT_GT(std::stoll(b.run_lease), std::stoll(a.run_lease));
   EXPECT_EQ(db_.scalar("SELECT progress::text FROM " + s("attempt_checkpoint") + "($1, $2)", {b.job_id, b.run_lease}),
             "{\"n\": 1}");
   // The old attempt is stale: no row.
@@ -152,7 +153,7 @@ TEST_F(callbacks, the_hard_deadline_is_suspended_while_waiting_and_resumes_where
   // The attempt had 10 minutes left when it parked an hour ago; the deadline passed meanwhile.
   db_.exec("UPDATE " + s("attempt_state") + " SET waiting_since = now() - interval '1 hour' WHERE job_id = $1",
            {a.job_id});
-  db_.exec("UPDATE " + s("receipts") + " SET deadline_at = now() - interval '50 minutes' WHERE job_id = $1",
+  db_.exec("UPDATE " + s("claims") + " SET deadline_at = now() - interval '50 minutes' WHERE job_ids @> ARRAY[$1::bigint]",
            {a.job_id});
   EXPECT_EQ(rescue("1 hour"), "0") << "no deadline rescue while waiting";
   EXPECT_EQ(resume(id), "t");
@@ -199,11 +200,13 @@ TEST_F(callbacks, two_concurrent_resumes_exactly_one_wins) {
     auto a = start();
     const auto id = register_cb(a);
     ASSERT_EQ(await(a, id), "waiting");
-    // A third session holds the attempt's receipt so both resumes are in flight at once, then
-    // lets them race.
+    // A third session holds the attempt's lock (as a closer in a caller's transaction does) so
+    // both resumes are in flight at once, then lets them race.
     pg holder{schema_.dsn()};
     holder.exec("BEGIN");
-    holder.exec("SELECT 1 FROM " + s("receipts") + " WHERE job_id = $1 FOR UPDATE", {a.job_id});
+    holder.exec("SELECT pg_advisory_xact_lock(hashtext('" + s("attempt") + "'), " + s("attempt_lock_key") +
+                    "($1::bigint, $2::bigint))",
+                {a.job_id, a.run_lease});
     std::atomic<int> wins{0}, answered{0};
     auto racer = [&](const std::string& payload) {
       pg conn{schema_.dsn()};
@@ -236,7 +239,7 @@ TEST_F(callbacks, a_resume_committed_while_a_slow_rescue_scans_is_never_also_res
            "FROM generate_series(1, 20000)) x");
   while (db_.scalar("SELECT count(*) FROM " + s("claim") + "('default', 10000)") != "0") {
   }
-  db_.exec("UPDATE " + s("receipts") + " SET claimed_at = now() - interval '2 hours'");
+  db_.exec("UPDATE " + s("claims") + " SET claimed_at = now() - interval '2 hours'");
   auto a = start();  // the newest job: rescue reaches it last
   const auto id = register_cb(a, "10 milliseconds");
   ASSERT_EQ(await(a, id), "waiting");
@@ -318,7 +321,8 @@ TEST_F(callbacks, callback_timeout_retries_while_attempts_remain_then_fails) {
   EXPECT_EQ(db_.scalar("SELECT last_error FROM " + s("jobs") + " WHERE id = $1", {a.job_id}),
             "rescued: callback timed out");
   auto b = claim();
-  EXPECT_EQ(b.run_lease, "2");
+  EXPECT_EQ(b.job_id, a.job_id);
+  EXPECT_GT(std::stoll(b.run_lease), std::stoll(a.run_lease));
   const auto id_b = register_cb(b, "20 milliseconds");
   ASSERT_EQ(await(b, id_b), "waiting");
   ASSERT_TRUE(eventually([&] { return rescue("1 hour") == "1"; }));

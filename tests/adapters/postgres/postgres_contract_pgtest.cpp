@@ -25,7 +25,7 @@ class postgres_backend final : public tenure::contract::backend {
   void pass_time(std::chrono::microseconds d) override {
     const std::string by = std::to_string(d.count()) + " microseconds";
     admin_.exec("UPDATE " + schema_.name() + ".deferred SET run_at = run_at - $1::interval", {by});
-    admin_.exec("UPDATE " + schema_.name() + ".receipts SET deadline_at = deadline_at - $1::interval", {by});
+    admin_.exec("UPDATE " + schema_.name() + ".claims SET deadline_at = deadline_at - $1::interval", {by});
     admin_.exec("UPDATE " + schema_.name() + ".attempt_state SET callback_deadline = callback_deadline - $1::interval",
                 {by});
   }

@@ -39,18 +39,20 @@ class reclaim_pg : public ::testing::Test {
     return st ? std::move(st).value() : nullptr;
   }
 
-  /// `n` jobs enqueued, claimed and completed in this session, which then flushes its table
-  /// statistics: `n` dead rows in `ready` and in `receipts`. Returns how many completed.
+  /// `n` jobs enqueued, claimed (one per claim) and completed in this session, the closed claims
+  /// swept from `open_claims` as the leader's pass does, and the table statistics flushed: `n`
+  /// dead rows in `ready` and in `open_claims`. Returns how many completed.
   std::string drain(int n) {
     const std::string count = std::to_string(n);
     db_->exec("SELECT count(*) FROM " + s("enqueue_batch") + "(array_fill('k'::text, ARRAY[$1::int]), "
               "array_fill('{}'::jsonb, ARRAY[$1::int]), array_fill('default'::text, ARRAY[$1::int]), "
               "array_fill(2, ARRAY[$1::int]))",
               {count});
-    db_->exec("CREATE TEMP TABLE claimed AS SELECT job_id, run_lease FROM " + s("claim_attempts") + "('default', " +
-              count + ")");
+    db_->exec("CREATE TEMP TABLE claimed AS SELECT c.job_id, c.run_lease FROM generate_series(1, " + count +
+              ") g CROSS JOIN LATERAL " + s("claim_attempts") + "('default', 1 + 0 * g) c");
     const auto completed = db_->scalar("SELECT count(*) FROM " + s("complete_batch") +
                                        "((SELECT array_agg(job_id) FROM claimed), (SELECT array_agg(run_lease) FROM claimed))");
+    db_->exec("DELETE FROM " + s("open_claims"));
     db_->exec("SELECT pg_stat_force_next_flush()");
     db_->exec("SELECT 1");
     return completed;
@@ -77,13 +79,13 @@ class reclaim_pg : public ::testing::Test {
   std::unique_ptr<pg> db_;
 };
 
-TEST_F(reclaim_pg, reclaim_dead_rows_vacuums_ready_and_receipts_once_enough_dead_rows_wait) {
+TEST_F(reclaim_pg, reclaim_dead_rows_vacuums_ready_and_open_claims_once_enough_dead_rows_wait) {
   ASSERT_EQ(drain(1'500), "1500");
   ASSERT_GE(stat("ready", "n_dead_tup"), 1500);
-  ASSERT_GE(stat("receipts", "n_dead_tup"), 1500);
+  ASSERT_GE(stat("open_claims", "n_dead_tup"), 1500);
   const long pages_before = claim_scan_pages();
   const long ready_vacuums = stat("ready", "vacuum_count");
-  const long receipts_vacuums = stat("receipts", "vacuum_count");
+  const long open_claims_vacuums = stat("open_claims", "vacuum_count");
 
   auto st = open(dsn_);
   ASSERT_TRUE(st);
@@ -99,7 +101,7 @@ TEST_F(reclaim_pg, reclaim_dead_rows_vacuums_ready_and_receipts_once_enough_dead
   EXPECT_EQ(r.value().due, 2);
   EXPECT_EQ(r.value().reclaimed, 2);
   EXPECT_EQ(stat("ready", "vacuum_count"), ready_vacuums + 1);
-  EXPECT_EQ(stat("receipts", "vacuum_count"), receipts_vacuums + 1);
+  EXPECT_EQ(stat("open_claims", "vacuum_count"), open_claims_vacuums + 1);
   EXPECT_LT(stat("ready", "n_dead_tup"), 1'000) << "the dead rows are gone";
   // The claim index lost the dead entries an empty claim stepped over.
   const long pages_after = claim_scan_pages();
@@ -218,7 +220,7 @@ TEST_F(reclaim_pg, a_role_that_does_not_own_the_tables_reclaims_nothing_and_says
 }
 
 TEST_F(reclaim_pg, migration_19_sets_autovacuum_for_the_claim_path_tables) {
-  for (const std::string table : {"ready", "receipts"}) {
+  for (const std::string table : {"ready", "open_claims"}) {
     const auto options = db_->scalar(
         "SELECT array_to_string(reloptions, ',') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE n.nspname = $1 AND c.relname = $2",

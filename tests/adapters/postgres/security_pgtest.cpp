@@ -86,9 +86,13 @@ TEST_F(security, finalizer_can_complete_a_token_in_its_own_transaction_and_nothi
   as_role.exec("SET search_path = " + role_ + "_own, pg_catalog");
 
   EXPECT_EQ(as_role.query("SELECT count(*) FROM " + s("jobs")).sqlstate, "42501");
-  for (const auto& table : {"ready", "receipts", "done", "deferred", "attempt_state", "queues", "schema_version"}) {
+  for (const auto& table : {"specs", "ready", "deferred", "claims", "closures", "open_claims", "legacy_attempts",
+                            "settled_claims", "attempt_state", "queues", "schema_version"}) {
     EXPECT_EQ(as_role.query("SELECT count(*) FROM " + s(table)).sqlstate, "42501") << table;
     EXPECT_EQ(as_role.query("DELETE FROM " + s(table)).sqlstate, "42501") << table;
+  }
+  for (const auto& view : {"receipts", "done", "claim_items", "open_attempts"}) {
+    EXPECT_EQ(as_role.query("SELECT count(*) FROM " + s(view)).sqlstate, "42501") << view;
   }
   EXPECT_EQ(as_role.query("SELECT " + s("enqueue") + "('k')").sqlstate, "42501");
   EXPECT_EQ(as_role.query("SELECT * FROM " + s("claim") + "('default')").sqlstate, "42501");
@@ -226,10 +230,10 @@ TEST_F(security, producer_enqueues_over_copy_holding_only_insert_on_a_stage_tenu
   EXPECT_EQ(as_role.query("SELECT * FROM " + s("ready")).sqlstate, "42501");
 }
 
-TEST_F(security, producer_copies_straight_into_ready_holding_insert_on_the_six_job_columns_only) {
+TEST_F(security, producer_copies_straight_into_specs_holding_insert_on_the_six_job_columns_only) {
   grant(tenure::postgres::grant_kind::producer);
   pg as_role{tenure::test::dsn_with_user(schema_.dsn(), role_)};
-  EXPECT_EQ(as_role.scalar("SELECT " + s("enqueue_copy_target") + "(false)"), s("ready"));
+  EXPECT_EQ(as_role.scalar("SELECT " + s("enqueue_copy_target") + "(false)"), s("specs"));
   as_role.exec("BEGIN");
   EXPECT_TRUE(std::regex_match(as_role.scalar("SELECT " + s("enqueue_copy_target") + "(true)"),
                                std::regex{"pg_temp\\.tenure_enqueue_[0-9]+"}))
@@ -238,21 +242,20 @@ TEST_F(security, producer_copies_straight_into_ready_holding_insert_on_the_six_j
   // Every column tenure sets itself, every other statement on the job tables, and moving the
   // sequence are refused, each in a savepoint of its own.
   for (const std::string& sql :
-       {"INSERT INTO " + s("ready") + " (id, kind, queue) VALUES (1, 'k', 'q')",
-        "INSERT INTO " + s("ready") + " (kind, queue, attempt) VALUES ('k', 'q', 3)",
-        "INSERT INTO " + s("ready") + " (kind, queue, run_lease) VALUES ('k', 'q', 7)",
-        "INSERT INTO " + s("ready") + " (kind, queue, run_at) VALUES ('k', 'q', now() - interval '1 day')",
-        "INSERT INTO " + s("ready") + " (kind, queue, created_at) VALUES ('k', 'q', now())",
-        "INSERT INTO " + s("ready") + " (kind, queue, last_error) VALUES ('k', 'q', 'x')",
-        "INSERT INTO " + s("ready") + " (kind, queue, progress) VALUES ('k', 'q', '{}')",
-        "INSERT INTO " + s("ready") + " (kind, queue, resume_payload) VALUES ('k', 'q', '{}')",
-        "INSERT INTO " + s("deferred") + " (id, queue, kind, args, priority, attempt, max_attempts, run_lease, run_at, "
-                                         "created_at, state) VALUES (1, 'q', 'k', '{}', 2, 0, 25, 0, now(), now(), 'scheduled')",
-        "INSERT INTO " + s("ready") + columns + " VALUES ('k', '{}', 'q', 2, 25, '{}') RETURNING id",
-        "SELECT * FROM " + s("ready"), "SELECT id FROM " + s("ready"), "UPDATE " + s("ready") + " SET priority = 1",
-        "DELETE FROM " + s("ready"), "TRUNCATE " + s("ready"),
-        "ALTER TABLE " + s("ready") + " DROP CONSTRAINT \"priority must be 1..4\"",
-        "SELECT setval('" + s("job_id_seq") + "', 1)", "LOCK TABLE " + s("ready") + " IN SHARE MODE"}) {
+       {"INSERT INTO " + s("specs") + " (id, kind, queue) VALUES (1, 'k', 'q')",
+        "INSERT INTO " + s("specs") + " (kind, queue, created_at) VALUES ('k', 'q', now() - interval '1 day')",
+        "INSERT INTO " + s("ready") + " (id, queue, priority, run_at, created_at, run_lease, attempt) "
+                                      "VALUES (1, 'q', 2, now(), now(), 0, 0)",
+        "INSERT INTO " + s("deferred") + " (id, queue, priority, run_at, created_at, state, run_lease, attempt) "
+                                         "VALUES (1, 'q', 2, now(), now(), 'scheduled', 0, 0)",
+        "INSERT INTO " + s("claims") + " (claim_id, queue, claimed_at, lo, hi, job_ids, attempts, secrets, run_ats) "
+                                       "VALUES (1, 'q', now(), 1, 1, '{1}', '{1}', '{}', '{}')",
+        "INSERT INTO " + s("closures") + " (claim_id, pos, outcome, closed_at) VALUES (1, 1, 'c', now())",
+        "INSERT INTO " + s("specs") + columns + " VALUES ('k', '{}', 'q', 2, 25, '{}') RETURNING id",
+        "SELECT * FROM " + s("specs"), "SELECT id FROM " + s("specs"), "UPDATE " + s("specs") + " SET priority = 1",
+        "DELETE FROM " + s("specs"), "TRUNCATE " + s("specs"), "SELECT * FROM " + s("ready"),
+        "ALTER TABLE " + s("specs") + " DROP CONSTRAINT \"priority must be 1..4\"",
+        "SELECT setval('" + s("job_id_seq") + "', 1)", "LOCK TABLE " + s("specs") + " IN SHARE MODE"}) {
     EXPECT_EQ(refused_in_savepoint(as_role, sql), "42501") << sql;
   }
   // Rows enqueue's checks refuse never get in.
@@ -262,16 +265,16 @@ TEST_F(security, producer_copies_straight_into_ready_holding_insert_on_the_six_j
                           "('k', '{}', 'q', 0, 25, '{}')", "('k', '{}', 'q', 2, 0, '{}')",
                           "('k', '{}', 'q', 2, 25, '[]')",
                           "('k', '{}', 'q', 2, 25, jsonb_build_object('pad', repeat('x', 9000)))"}) {
-    EXPECT_EQ(refused_in_savepoint(as_role, "INSERT INTO " + s("ready") + columns + " VALUES " + row), "23514") << row;
+    EXPECT_EQ(refused_in_savepoint(as_role, "INSERT INTO " + s("specs") + columns + " VALUES " + row), "23514") << row;
   }
-  as_role.exec("INSERT INTO " + s("ready") + columns + " VALUES ('b', '{}', 'q', 1, 3, '{}'), ('a', '{\"x\": 1}', 'q', 4, 25, '{}')");
+  as_role.exec("INSERT INTO " + s("specs") + columns + " VALUES ('b', '{}', 'q', 1, 3, '{}'), ('a', '{\"x\": 1}', 'q', 4, 25, '{}')");
   const std::string ids = as_role.scalar("SELECT " + s("enqueue_copied_ready") + "(2)");
   EXPECT_EQ(as_role.query("SELECT " + s("enqueue_copied_ready") + "(3)").rows.at(0).at(0), std::nullopt)
       << "only two rows were written";
   as_role.exec("COMMIT");
   EXPECT_EQ(admin_.scalar("SELECT string_agg(format('%s %s %s %s %s', j.kind, j.priority, j.max_attempts, j.attempt, "
                           "j.run_lease), ',' ORDER BY a.ord) FROM unnest($1::bigint[]) WITH ORDINALITY AS a(id, ord) "
-                          "JOIN " + s("ready") + " j ON j.id = a.id",
+                          "JOIN " + s("jobs") + " j ON j.id = a.id AND j.state = 'available'",
                           {ids}),
             "b 1 3 0 0,a 4 25 0 0")
       << "the answer lists the ids in the order the rows were written: " << ids;
@@ -285,28 +288,25 @@ TEST_F(security, producer_copies_straight_into_ready_holding_insert_on_the_six_j
       << "a session that drew no id";
 }
 
-TEST_F(security, the_copy_read_back_never_answers_rows_another_transaction_moved_into_ready) {
+TEST_F(security, the_copy_read_back_never_answers_rows_another_transaction_wrote) {
   grant(tenure::postgres::grant_kind::producer);
   pg as_role{tenure::test::dsn_with_user(schema_.dsn(), role_)};
   const std::string columns = " (kind, args, queue, priority, max_attempts, metadata)";
-  as_role.exec("INSERT INTO " + s("ready") + columns + " VALUES ('mine', '{}', 'q', 2, 25, '{}')");
-  admin_.exec("INSERT INTO " + s("ready") + " (id, kind, queue) VALUES (nextval('" + s("job_id_seq") +
-              "'), 'theirs', 'q')");
-  // The producer's next transaction has its id; then another transaction moves the producer's
-  // earlier job, and one numbered after it, back into ready (as a promotion or rescue would).
+  // The producer's own earlier transaction, and another session's job numbered after it.
+  as_role.exec("INSERT INTO " + s("specs") + columns + " VALUES ('mine', '{}', 'q', 2, 25, '{}')");
+  admin_.exec("INSERT INTO " + s("specs") + " (kind, queue) VALUES ('theirs', 'q')");
   as_role.exec("BEGIN");
   as_role.exec("SELECT pg_current_xact_id()");
-  admin_.exec("WITH moved AS (DELETE FROM " + s("ready") + " RETURNING *) INSERT INTO " + s("ready") +
-              " SELECT * FROM moved");
   const auto r = as_role.query("SELECT " + s("enqueue_copied_ready") + "(1)");
   ASSERT_TRUE(r.ok) << r.error;
   EXPECT_EQ(r.rows.at(0).at(0), std::nullopt) << "rows this transaction did not write";
   as_role.exec("ROLLBACK");
+  EXPECT_EQ(admin_.scalar("SELECT count(*) FROM " + s("ready")), "0") << "nothing was made claimable";
 }
 
-TEST_F(security, a_producer_without_the_column_grants_is_offered_the_stage_instead_of_ready) {
+TEST_F(security, a_producer_without_the_column_grants_is_offered_the_stage_instead_of_specs) {
   grant(tenure::postgres::grant_kind::producer);
-  admin_.exec("REVOKE INSERT (metadata) ON " + s("ready") + " FROM " + role_);
+  admin_.exec("REVOKE INSERT (metadata) ON " + s("specs") + " FROM " + role_);
   pg as_role{tenure::test::dsn_with_user(schema_.dsn(), role_)};
   as_role.exec("BEGIN");
   EXPECT_TRUE(std::regex_match(as_role.scalar("SELECT " + s("enqueue_copy_target") + "(false)"),
@@ -339,7 +339,7 @@ TEST_F(security, a_role_without_the_producer_grant_cannot_stage_or_move_jobs) {
   EXPECT_EQ(as_role.query("SELECT " + s("enqueue_copied") + "()").sqlstate, "42501");
   EXPECT_EQ(as_role.query("SELECT " + s("enqueue_copy_target") + "(false)").sqlstate, "42501");
   EXPECT_EQ(as_role.query("SELECT " + s("enqueue_copied_ready") + "(1)").sqlstate, "42501");
-  EXPECT_EQ(as_role.query("INSERT INTO " + s("ready") + " (kind, queue) VALUES ('k', 'q')").sqlstate, "42501");
+  EXPECT_EQ(as_role.query("INSERT INTO " + s("specs") + " (kind, queue) VALUES ('k', 'q')").sqlstate, "42501");
 }
 
 TEST_F(security, worker_can_drive_the_attempt_protocol_but_not_touch_tables) {
@@ -352,7 +352,7 @@ TEST_F(security, worker_can_drive_the_attempt_protocol_but_not_touch_tables) {
   EXPECT_EQ(as_role.scalar("SELECT " + s("heartbeat") + "($1)", {c.at(0, 0)}), "t");
   EXPECT_TRUE(as_role.query("SELECT * FROM " + s("complete_job") + "($1)", {c.at(0, 0)}).ok);
   EXPECT_EQ(as_role.scalar("SELECT state FROM " + s("jobs")), "completed");
-  EXPECT_EQ(as_role.query("DELETE FROM " + s("done")).sqlstate, "42501");
+  EXPECT_EQ(as_role.query("DELETE FROM " + s("closures")).sqlstate, "42501");
   EXPECT_EQ(as_role.query("SELECT * FROM " + s("receipts")).sqlstate, "42501");
 }
 

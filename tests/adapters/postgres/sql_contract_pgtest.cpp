@@ -207,16 +207,16 @@ TEST_F(sql_contract, claim_advances_run_lease_and_attempt_and_returns_a_token) {
   auto c1 = claim(1);
   ASSERT_EQ(c1.size(), 1u);
   EXPECT_EQ(c1[0].job_id, id);
-  EXPECT_EQ(c1[0].run_lease, "1");
+  EXPECT_GT(std::stoll(c1[0].run_lease), 0);
   EXPECT_EQ(c1[0].attempt, "1");
   EXPECT_TRUE(std::regex_match(c1[0].token, k_token_v2)) << c1[0].token;
-  EXPECT_TRUE(c1[0].token.starts_with("tn2:" + id + ":1:")) << c1[0].token;
+  EXPECT_TRUE(c1[0].token.starts_with("tn2:" + id + ":" + c1[0].run_lease + ":")) << c1[0].token;
   EXPECT_EQ(state_of(id), "running");
   db_.exec("SELECT " + s("fail_job") + "($1, 'boom', true)", {c1[0].token});
   db_.exec("UPDATE " + s("deferred") + " SET run_at = now() - interval '1 second'");
   auto c2 = claim(1);
   ASSERT_EQ(c2.size(), 1u);
-  EXPECT_EQ(c2[0].run_lease, "2");
+  EXPECT_GT(std::stoll(c2[0].run_lease), std::stoll(c1[0].run_lease)) << "every claim advances the run lease";
   EXPECT_EQ(c2[0].attempt, "2");
 }
 
@@ -246,7 +246,7 @@ TEST_F(sql_contract, complete_job_returns_evidence_and_is_stale_the_second_time)
                     {c[0].token});
   ASSERT_EQ(r.rows.size(), 1u);
   EXPECT_EQ(r.at(0, 0), id);
-  EXPECT_EQ(r.at(0, 1), "1");
+  EXPECT_EQ(r.at(0, 1), c[0].run_lease);
   EXPECT_EQ(state_of(id), "completed");
   EXPECT_EQ(db_.scalar("SELECT progress->>'pct' FROM " + s("jobs") + " WHERE id = $1", {id}), "100");
   auto again = db_.query("SELECT * FROM " + s("complete_job") + "($1)", {c[0].token});
@@ -340,10 +340,10 @@ TEST_F(sql_contract, every_attempt_gets_its_own_secret_and_keeps_it_in_its_recei
   db_.exec("UPDATE " + s("deferred") + " SET run_at = now() - interval '1 second'");
   const auto second = claim(1).at(0);
   ASSERT_EQ(second.job_id, id);
-  ASSERT_EQ(second.run_lease, "2");
+  ASSERT_GT(std::stoll(second.run_lease), std::stoll(first.run_lease));
   EXPECT_NE(secret_of(second.token), secret_of(first.token));
   // The first attempt's secret does not open the second: only its own does.
-  const auto borrowed = "tn2:" + id + ":2:" + secret_of(first.token);
+  const auto borrowed = "tn2:" + id + ":" + second.run_lease + ":" + secret_of(first.token);
   EXPECT_EQ(db_.query("SELECT * FROM " + s("complete_job") + "($1)", {borrowed}).sqlstate, "TN001");
 
   db_.exec("SELECT " + s("enqueue_batch") +
@@ -373,7 +373,8 @@ TEST_F(sql_contract, stale_tokens_raise_tn001_after_rescue_cancel_and_reclaim) {
   // Re-claimed: the new attempt has a new lease; the old token still cannot touch it.
   auto again = claim(2);
   ASSERT_EQ(again.size(), 2u);
-  EXPECT_EQ(again[0].run_lease, "2");
+  EXPECT_EQ(again[0].job_id, c[0].job_id);
+  EXPECT_GT(std::stoll(again[0].run_lease), std::stoll(c[0].run_lease));
   EXPECT_EQ(db_.query("SELECT * FROM " + s("complete_job") + "($1)", {c[0].token}).sqlstate, "TN001");
   EXPECT_EQ(state_of(again[0].job_id), "running");
   // Cancel wins: the running attempt is closed and its completion is stale.
@@ -636,7 +637,7 @@ TEST_F(sql_contract, rescue_makes_attempts_available_at_once_or_failed_when_spen
 TEST_F(sql_contract, rescue_respects_heartbeats) {
   enqueue("a");
   auto c = claim(1);
-  db_.exec("UPDATE " + s("receipts") + " SET claimed_at = now() - interval '1 hour'");
+  db_.exec("UPDATE " + s("claims") + " SET claimed_at = now() - interval '1 hour'");
   EXPECT_EQ(db_.scalar("SELECT " + s("heartbeat") + "($1)", {c[0].token}), "t");
   EXPECT_EQ(db_.scalar("SELECT " + s("rescue_stale") + "('30 seconds')"), "0") << "fresh heartbeat";
   db_.exec("UPDATE " + s("attempt_state") + " SET heartbeat_at = now() - interval '31 seconds'");
@@ -652,7 +653,7 @@ TEST_F(sql_contract, retry_job_makes_a_finished_job_runnable_and_the_lease_keeps
   EXPECT_EQ(db_.scalar("SELECT " + s("retry_job") + "($1)", {id}), "f") << "not finished";
   auto c2 = claim(1);
   ASSERT_EQ(c2.size(), 1u);
-  EXPECT_EQ(c2[0].run_lease, "2");
+  EXPECT_GT(std::stoll(c2[0].run_lease), std::stoll(c[0].run_lease));
   EXPECT_EQ(c2[0].attempt, "1") << "admin retry resets the attempt budget";
   EXPECT_EQ(db_.query("SELECT * FROM " + s("complete_job") + "($1)", {c[0].token}).sqlstate, "TN001");
   EXPECT_EQ(db_.query("SELECT " + s("retry_job") + "(987654321)").sqlstate, "TN003");
@@ -796,7 +797,7 @@ TEST_F(sql_contract, concurrent_claimers_never_share_a_job) {
 }
 
 // Claim, heartbeats and completion must cost per job, not per row left in the table: between vacuums,
-// ready's and receipts' heaps still hold every row moved out since the last one. Small,
+// ready's heap still holds every row claimed since the last one. Small,
 // freshly analyzed tables are where the planner likes sequential scans best, so this is the
 // case to check. The statistics of the current transaction count every scan the functions did.
 TEST_F(sql_contract, claim_heartbeat_and_completion_reach_rows_by_index_never_by_scanning_the_table) {
@@ -805,7 +806,8 @@ TEST_F(sql_contract, claim_heartbeat_and_completion_reach_rows_by_index_never_by
            "array_fill('default'::text, ARRAY[300]), array_fill(2, ARRAY[300]))");
   auto warm = claim(100);
   ASSERT_EQ(warm.size(), 100u);
-  db_.exec("ANALYZE " + s("ready") + ", " + s("receipts") + ", " + s("done"));
+  db_.exec("ANALYZE " + s("ready") + ", " + s("specs") + ", " + s("claims") + ", " + s("closures") + ", " +
+           s("open_claims"));
 
   db_.exec("BEGIN");
   for (int round = 0; round < 6; ++round) {  // past plpgsql's first five (custom) plans
@@ -822,10 +824,10 @@ TEST_F(sql_contract, claim_heartbeat_and_completion_reach_rows_by_index_never_by
   }
   auto scans = db_.exec(
       "SELECT relname, seq_scan FROM pg_stat_xact_user_tables WHERE schemaname = $1 "
-      "AND relname IN ('ready', 'receipts', 'done', 'attempt_state') ORDER BY relname",
+      "AND relname IN ('ready', 'specs', 'claims', 'closures', 'attempt_state') ORDER BY relname",
       {schema_.name()});
   db_.exec("COMMIT");
-  ASSERT_EQ(scans.rows.size(), 4u);
+  ASSERT_EQ(scans.rows.size(), 5u);
   for (const auto& row : scans.rows) EXPECT_EQ(*row[1], "0") << "sequential scans of " << *row[0];
   EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("done")), "120");
 }
@@ -840,7 +842,7 @@ TEST_F(sql_contract, cancel_of_a_running_job_is_announced_on_the_cancel_channel)
   listener.query("SELECT 1");  // a round trip delivers pending notifications
   PGnotify* n = PQnotifies(listener.native());
   ASSERT_NE(n, nullptr);
-  EXPECT_EQ(std::string{n->extra}, id + ":1");
+  EXPECT_EQ(std::string{n->extra}, id + ":" + c[0].run_lease);
   PQfreemem(n);
 }
 

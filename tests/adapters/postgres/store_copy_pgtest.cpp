@@ -1,5 +1,5 @@
 // postgres::store's enqueue_batch over COPY: a large keyless batch is one transaction of COPY
-// straight into ready (no job scheduled) or into the session's stage and one move; smaller, keyed
+// straight into specs (no job scheduled) or into the session's stage and one move; smaller, keyed
 // or with copy_threshold 0, one enqueue_batch statement.
 #include <gtest/gtest.h>
 
@@ -85,7 +85,7 @@ TEST_F(store_copy, a_large_keyless_batch_goes_through_copy_with_ids_in_input_ord
   EXPECT_EQ(stages(), 1);
 }
 
-TEST_F(store_copy, a_large_batch_of_jobs_to_run_now_is_copied_straight_into_ready_without_a_stage) {
+TEST_F(store_copy, a_large_batch_of_jobs_to_run_now_is_copied_straight_into_specs_without_a_stage) {
   // The store's session counts its calls of tenure's functions.
   const std::string dsn = schema_.dsn();
   auto store = open(1000, dsn + (dsn.find('?') == std::string::npos ? "?" : "&") + "options=-c%20track_functions%3Dpl");
@@ -107,7 +107,7 @@ TEST_F(store_copy, a_large_batch_of_jobs_to_run_now_is_copied_straight_into_read
   EXPECT_EQ(stages(), 0) << "no stage was made";
   EXPECT_TRUE(std::is_sorted(ids.value().begin(), ids.value().end()));
   EXPECT_EQ(admin_.scalar("SELECT count(*) FROM unnest($1::bigint[]) WITH ORDINALITY AS a(id, ord) JOIN " +
-                              schema_.name() + ".ready r ON r.id = a.id WHERE (r.args->>'i')::bigint = a.ord - 1",
+                              schema_.name() + ".specs r ON r.id = a.id WHERE (r.args->>'i')::bigint = a.ord - 1",
                           {tenure::postgres::int_array(ids.value())}),
             "1500")
       << "each id is the job at its position";
@@ -210,7 +210,7 @@ TEST(store_copy_without_temp, an_owner_that_may_not_create_temporary_tables_enqu
   EXPECT_EQ(as_owner.query("CREATE TEMP TABLE t (x int)").sqlstate, "42501") << "the owner may not make one";
   EXPECT_EQ(as_owner.scalar("SELECT " + schema + ".enqueue_copy_stage() IS NULL"), "t") << "so no stage is offered";
   EXPECT_EQ(as_owner.scalar("SELECT " + schema + ".enqueue_copy_target(true) IS NULL"), "t");
-  EXPECT_EQ(as_owner.scalar("SELECT " + schema + ".enqueue_copy_target(false)"), schema + ".ready")
+  EXPECT_EQ(as_owner.scalar("SELECT " + schema + ".enqueue_copy_target(false)"), schema + ".specs")
       << "jobs to run now need no stage";
 
   // Batches holding a scheduled job, which would need the stage.

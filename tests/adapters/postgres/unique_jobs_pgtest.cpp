@@ -249,7 +249,9 @@ TEST_F(unique_jobs, prune_expired_deletes_the_keys_of_the_jobs_it_deletes) {
   const auto old_job = enqueue_keyed("p");
   db_.exec("SELECT " + s("cancel_job") + "($1)", {old_job});
   const auto live = enqueue_keyed("q");
-  db_.exec("UPDATE " + s("done") + " SET finalized_at = now() - interval '30 days'");
+  // Thirty days pass: the cancelled job's record is past its retention.
+  db_.exec("UPDATE " + s("closures") + " SET closed_at = now() - interval '30 days'");
+  db_.exec("UPDATE " + s("settled_claims") + " SET ripe_at = ripe_at - interval '30 days'");
   EXPECT_EQ(db_.scalar("SELECT " + s("prune_expired") + "()"), "1");
   EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("job_keys") + " WHERE job_id = $1", {old_job}), "0");
   EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("key_holders") + " WHERE job_id = $1", {old_job}), "0");
