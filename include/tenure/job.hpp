@@ -21,7 +21,7 @@ using time_point = clock_type::time_point;
 enum class job_state {
   scheduled,         ///< waiting for a future run_at (first run or snooze)
   available,         ///< ready to be claimed
-  running,           ///< an attempt is open (receipt or materialized lease)
+  running,           ///< an attempt is open (claimed and not closed yet)
   waiting_external,  ///< the open attempt is parked on an external callback
   retryable,         ///< failed an attempt; waiting for its backoff before the next one
   completed,
@@ -108,7 +108,8 @@ struct claimed_attempt {
   std::optional<time_point> available_at;
   attempt_secret secret;  ///< drawn by the store at claim time; what makes the token unguessable
   /// Set when this claim continues a parked attempt that an external system resumed: the resume
-  /// payload (JSON text). The attempt keeps its run lease and attempt number; its secret is new.
+  /// payload (JSON text). The continuation keeps the attempt number under a new run lease and a
+  /// new secret (the parked attempt was closed by the resume).
   std::optional<std::string> resumed_with;
   finalization_token token() const noexcept { return finalization_token{attempt, secret}; }
 };

@@ -64,7 +64,8 @@ class job_context {
   /// the attempt is no longer live.
   result<std::optional<nlohmann::json>> previous_progress();
   /// The payload this attempt was resumed with when this call of the handler continues a parked
-  /// attempt (job_outcome::park, then tenure.resume_callback); nullopt on a normal start. No
+  /// attempt (job_outcome::park, then tenure.resume_callback); nullopt on a normal start. The
+  /// continuation has the parked attempt's number but its own run lease and secret. No
   /// database call.
   std::optional<nlohmann::json> resumed_with() const;
 

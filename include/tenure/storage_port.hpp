@@ -162,10 +162,12 @@ class storage_port {
   }
 
   // ---- workers ----------------------------------------------------------------------------
-  /// Claims up to `max_jobs` available jobs of `queue` (priority, then FIFO), advancing each
-  /// one's run lease by one and its attempt count by one, except a resumed parked attempt
-  /// (`park_callback`), which keeps both and comes back with `resumed_with` set. Every claim
-  /// draws a new secret. Due scheduled/retryable jobs of the queue are promoted first.
+  /// Claims up to `max_jobs` available jobs of `queue` (priority, then FIFO), giving each a new
+  /// run lease above every earlier one of its job (not necessarily one more: PostgreSQL's names
+  /// the claim's record of the attempt) and advancing its attempt count by one, except a resumed
+  /// parked attempt (`park_callback`), which keeps its attempt number (a new run lease all the
+  /// same) and comes back with `resumed_with` set. Every claim draws a new secret. Due
+  /// scheduled/retryable jobs of the queue are promoted first.
   /// Concurrent callers never receive the same job.
   virtual result<std::vector<claimed_attempt>> claim(std::string_view queue, int max_jobs,
                                                      std::string_view worker) = 0;
@@ -221,9 +223,10 @@ class storage_port {
   }
   /// Parks the live attempt on its current callback `callback_id` and lets its handler go: the
   /// attempt stays waiting_external (same run lease, callback timeout armed) with no handler.
-  /// A resume then makes it claimable again as the continuation of the same attempt (same
-  /// run lease and attempt number, claimed_attempt::resumed_with set); complete_callback,
-  /// fail_callback, rescue (callback timeout) and cancel close it as they close a blocking waiter.
+  /// A resume then closes it and makes the job claimable again; its claim is the continuation
+  /// (same attempt number, a new run lease and secret, claimed_attempt::resumed_with set);
+  /// complete_callback, fail_callback, rescue (callback timeout) and cancel close it as they
+  /// close a blocking waiter.
   /// park_result::resumed when the callback was resumed before it parked (already claimable).
   /// errc::stale_attempt when the attempt is not live or `callback_id` is not its current callback.
   virtual result<park_result> park_callback(attempt_id attempt, std::string_view callback_id) {
@@ -298,11 +301,12 @@ class storage_port {
     return out;
   }
   /// Removes the dead rows and index entries that finished work leaves on the claim path (the
-  /// row of each claimed job among the available ones, each closed attempt's receipt) from every
-  /// such table holding at least `dead_rows` of them, so claims stop stepping over them. Changes
-  /// no job. A store that leaves no such garbage answers errc::unsupported (this default). On
-  /// PostgreSQL it is a VACUUM, which only the tables' owner (or a superuser) may run: a table
-  /// the role may not clean counts in `due` but not in `reclaimed`, and is left to autovacuum.
+  /// row of each claimed job among the available ones; on PostgreSQL also the entry of each
+  /// fully closed claim in `open_claims`) from every such table holding at least `dead_rows` of
+  /// them, so claims stop stepping over them. Changes no job. A store that leaves no such garbage
+  /// answers errc::unsupported (this default). On PostgreSQL it is a VACUUM, which only the
+  /// tables' owner (or a superuser) may run: a table the role may not clean counts in `due` but
+  /// not in `reclaimed`, and is left to autovacuum.
   virtual result<reclaim_result> reclaim_dead_rows(std::int64_t dead_rows) {
     (void)dead_rows;
     return error{errc::unsupported, "this store leaves no dead rows to reclaim"};
