@@ -604,7 +604,7 @@ END $$;
 -- each key per job (OFFSET 0 keeps them probes, not a join over all of ready or deferred).
 CREATE OR REPLACE FUNCTION @schema@.enqueue_copied_ready(n int) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET enable_bitmapscan = off SET enable_sort = off SET enable_seqscan = off AS $$
+SET enable_bitmapscan = off SET enable_sort = off SET enable_seqscan = off SET jit = off AS $$
 DECLARE
   last   bigint;
   mine   xid;
@@ -648,7 +648,10 @@ BEGIN
     SELECT p.id, p.queue, p.priority, now(), p.created_at, 0, 0
       FROM picked p
      WHERE (SELECT count(*) FROM picked) = n
-       AND NOT EXISTS (SELECT FROM @schema@.ready r WHERE r.id = p.id OFFSET 0)
+       -- (the whole key of ready_claim_idx, which the planner may take for an id alone, as a
+       -- scan of the whole index, when ready's statistics say it is small)
+       AND NOT EXISTS (SELECT FROM @schema@.ready r
+                        WHERE r.queue = p.queue AND r.priority = p.priority AND r.id = p.id OFFSET 0)
        AND NOT EXISTS (SELECT FROM @schema@.deferred d WHERE d.id = p.id OFFSET 0)
   )
   SELECT array_agg(p.id ORDER BY p.id), array_agg(DISTINCT p.queue) FILTER (WHERE wake)
@@ -2544,6 +2547,8 @@ SELECT i.job_id AS id, s.queue, s.kind, s.args, CASE x.outcome WHEN 'c' THEN 'co
 -- reads it.)
 -- The one read view, over the same columns as before. A job's state: its ready or deferred row,
 -- else its latest claim item (open: running or waiting_external; closed: the terminal outcome).
+-- ready is read by its whole claim key (a ready row has its spec's queue and priority): for an id
+-- alone the planner may scan all of ready_claim_idx when ready's statistics say it is small.
 -- Driven from specs, so a filter on id reads one job (its claims through the GiST index).
 CREATE VIEW @schema@.jobs AS
 SELECT s.id, s.queue, s.kind, s.args, st.state, s.priority::int AS priority, st.attempt, s.max_attempts,
@@ -2555,7 +2560,7 @@ SELECT s.id, s.queue, s.kind, s.args, st.state, s.priority::int AS priority, st.
    SELECT 'available'::text AS state, r.attempt, r.run_lease, r.run_at, NULL::timestamptz AS finalized_at,
           r.last_error, r.progress, NULL::timestamptz AS claimed_at, NULL::timestamptz AS heartbeat_at,
           NULL::text AS worker
-     FROM @schema@.ready r WHERE r.id = s.id
+     FROM @schema@.ready r WHERE r.queue = s.queue AND r.priority = s.priority AND r.id = s.id
    UNION ALL
    SELECT d.state, d.attempt, d.run_lease, d.run_at, NULL, d.last_error, d.progress, NULL, NULL, NULL
      FROM @schema@.deferred d WHERE d.id = s.id
@@ -2575,7 +2580,7 @@ SELECT s.id, s.queue, s.kind, s.args, st.state, s.priority::int AS priority, st.
      LEFT JOIN @schema@.attempt_state a
             ON x.outcome IS NULL AND a.job_id = s.id
            AND a.run_lease = coalesce(l.run_leases[l.pos], l.claim_id * 65536 + l.pos)
-    WHERE NOT EXISTS (SELECT FROM @schema@.ready r WHERE r.id = s.id)
+    WHERE NOT EXISTS (SELECT FROM @schema@.ready r WHERE r.queue = s.queue AND r.priority = s.priority AND r.id = s.id)
       AND NOT EXISTS (SELECT FROM @schema@.deferred d WHERE d.id = s.id)
       AND (x.outcome IS NULL OR x.outcome IN ('c', 'f', 'x'))
  ) st
