@@ -1,6 +1,6 @@
 -- Tests of part 10 (enqueue, unique keys, the COPY paths, promotion, schedules) over the ledger layout.
 --
---   /work/ledger_parts/apply.sh SCHEMA --fill
+--   a schema installed at the version before the ledger with jobs, then upgraded (tests/adapters/postgres/ledger_scenarios_pgtest.cpp)
 --   psql -X -v ON_ERROR_STOP=1 -v s=SCHEMA -f /work/ledger_parts/tests/10_enqueue.sql DSN
 --
 -- Expects the state --fill leaves (a legacy open attempt, a legacy completed job, one ready job,

@@ -2,7 +2,7 @@
 -- lock_token_attempt, heartbeat(token), fail_attempt, fail_job, snooze_attempt, cancel_attempt,
 -- attempt_evidence(_batch).
 --
---   apply.sh SCHEMA --fill && psql -v ON_ERROR_STOP=1 -v s=SCHEMA -f tests/30_close.sql
+--   psql -v ON_ERROR_STOP=1 -v s=SCHEMA -f tests/sql/ledger/30_close.sql, on a schema made as ledger_scenarios_pgtest.cpp makes it
 --
 -- Needs the state of --fill (job 1 open with the legacy run lease 1, job 2 completed with lease 1).
 -- Claims are written directly (one claims row, its open_claims row), so the tests depend on the
@@ -123,7 +123,7 @@ $$;
 INSERT INTO queues (name, dead_letter) VALUES ('tc_dlq', true) ON CONFLICT (name) DO UPDATE SET dead_letter = true;
 
 SELECT pg_temp.check(pg_temp.is_open(1, 1) AND (pg_temp.closure_of(2, 1)).outcome = 'c',
-                     'the state of apply.sh --fill: job 1 open with lease 1, job 2 completed with lease 1');
+                     'the state of the scenario install: job 1 open with lease 1, job 2 completed with lease 1');
 
 -- ---- complete_batch ---------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 -- Tests of 40_callbacks.sql: register/await/park/resume/extend/complete/fail_callback over the
--- ledger layout. Run on a schema made by `apply.sh SCHEMA --fill`:
+-- ledger layout. Run on a schema made as ledger_scenarios_pgtest.cpp makes it:
 --   psql -X -v ON_ERROR_STOP=1 -v s=SCHEMA -f tests/40_callbacks.sql
 -- Every expectation raises when it fails. Concurrency runs through dblink sessions (the extension
 -- is created in schema tenure_test_ext when the database has none).
@@ -352,7 +352,7 @@ SELECT pg_temp.ok((SELECT run_lease = :l AND attempt = 1 AND resume_payload = '{
 SELECT pg_temp.ok(NOT EXISTS (SELECT FROM attempt_state WHERE job_id = :j AND run_lease = :l), 'row gone');
 SELECT pg_temp.ok(park_callback(:j, :l, :'id') IS NULL, 'a second park');
 
--- ---- an attempt opened before migration 24 (apply.sh --fill) ----------------------------------
+-- ---- an attempt opened before migration 24 (the scenario install makes one) ----------------------------------
 SELECT count(*) > 0 AS has_legacy
   FROM legacy_attempts la
  WHERE NOT EXISTS (SELECT FROM closures x WHERE x.claim_id = la.claim_id AND x.pos = la.pos) \gset
@@ -376,7 +376,7 @@ SELECT c.run_lease AS cl, c.attempt AS ca FROM claim_attempts(:'q', 100) c WHERE
 SELECT pg_temp.ok(:cl >= 65536 AND :ca = :la, 'claimed: a ledger lease, the same attempt');
 SELECT pg_temp.ok(register_callback(:j, :l, '1 hour') IS NULL, 'the legacy lease is stale');
 \else
-\echo 'no open attempt from before migration 24 (apply.sh --fill makes one): legacy case skipped'
+\echo 'no open attempt from before migration 24 (the scenario install makes one): legacy case skipped'
 \endif
 
 -- ---- concurrency ------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 -- Tests of part 50 (rescue_attempts, rescue_stale, prune_expired, maintain, cancel_job,
 -- retry_job) over the ledger layout.
 --
---   /work/ledger_parts/apply.sh SCHEMA --fill
+--   a schema installed at the version before the ledger with jobs, then upgraded (tests/adapters/postgres/ledger_scenarios_pgtest.cpp)
 --   psql -X -v ON_ERROR_STOP=1 -v s=SCHEMA -f /work/ledger_parts/tests/50_admin.sql DSN
 --
 -- Needs the state --fill leaves: job 1 open with the legacy run lease 1, job 2 completed with the
