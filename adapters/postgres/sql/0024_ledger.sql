@@ -604,7 +604,7 @@ END $$;
 -- each key per job (OFFSET 0 keeps them probes, not a join over all of ready or deferred).
 CREATE OR REPLACE FUNCTION @schema@.enqueue_copied_ready(n int) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET enable_bitmapscan = off SET enable_sort = off SET enable_seqscan = off SET jit = off AS $$
+SET enable_bitmapscan = off SET enable_sort = off SET enable_seqscan = off AS $$
 DECLARE
   last   bigint;
   mine   xid;
