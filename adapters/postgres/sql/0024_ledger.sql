@@ -600,8 +600,9 @@ END $$;
 -- the read-back walks specs_pkey backwards from currval and stops at the n-th row (no bitmap scan
 -- of every id below it, no sort; the SET clauses), and finding fewer than n rows writes nothing
 -- and answers NULL. A job of the answer that already waits (a second call for the same COPY, or
--- an n that reaches an earlier job of the same subtransaction) gets no second row: one probe of
--- each key per job (OFFSET 0 keeps them probes, not a join over all of ready or deferred).
+-- an n that reaches an earlier job of the same subtransaction) gets no second row. The batch's id
+-- span is probed first; only when something waits inside it is each job probed (OFFSET 0 keeps
+-- them probes, not a join over all of ready or deferred).
 CREATE OR REPLACE FUNCTION @schema@.enqueue_copied_ready(n int) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET enable_bitmapscan = off SET enable_sort = off SET enable_seqscan = off AS $$
@@ -643,16 +644,30 @@ BEGIN
      WHERE s.id <= last AND s.xmin = mine
      ORDER BY s.id DESC
      LIMIT n
+  ), span AS MATERIALIZED (
+    SELECT count(*) AS k, min(p.id) AS lo, max(p.id) AS hi FROM picked p
+  ), clash AS MATERIALIZED (
+    -- Whether anything waits between the lowest and the highest picked id: one range probe of
+    -- deferred and one of ready per (queue, priority) of the batch (the whole key of
+    -- ready_claim_idx, which the planner may take for an id alone, as a scan of the whole index,
+    -- when ready's statistics say it is small). Usually nothing does, and the rows go in unprobed.
+    SELECT EXISTS (SELECT FROM @schema@.deferred d, span WHERE d.id BETWEEN span.lo AND span.hi)
+        OR EXISTS (SELECT FROM (SELECT DISTINCT p.queue, p.priority FROM picked p) g, span,
+                               LATERAL (SELECT FROM @schema@.ready r
+                                         WHERE r.queue = g.queue AND r.priority = g.priority
+                                           AND r.id BETWEEN span.lo AND span.hi
+                                         LIMIT 1) x) AS any
   ), placed AS (
     INSERT INTO @schema@.ready (id, queue, priority, run_at, created_at, run_lease, attempt)
     SELECT p.id, p.queue, p.priority, now(), p.created_at, 0, 0
       FROM picked p
-     WHERE (SELECT count(*) FROM picked) = n
-       -- (the whole key of ready_claim_idx, which the planner may take for an id alone, as a
-       -- scan of the whole index, when ready's statistics say it is small)
-       AND NOT EXISTS (SELECT FROM @schema@.ready r
-                        WHERE r.queue = p.queue AND r.priority = p.priority AND r.id = p.id OFFSET 0)
-       AND NOT EXISTS (SELECT FROM @schema@.deferred d WHERE d.id = p.id OFFSET 0)
+     WHERE (SELECT s.k FROM span s) = n
+       -- Something waits in the span (another session's job, or one of this batch): one probe
+       -- of each key per job.
+       AND (NOT (SELECT c.any FROM clash c)
+            OR (NOT EXISTS (SELECT FROM @schema@.ready r
+                             WHERE r.queue = p.queue AND r.priority = p.priority AND r.id = p.id OFFSET 0)
+                AND NOT EXISTS (SELECT FROM @schema@.deferred d WHERE d.id = p.id OFFSET 0)))
   )
   SELECT array_agg(p.id ORDER BY p.id), array_agg(DISTINCT p.queue) FILTER (WHERE wake)
     INTO ids, queues
