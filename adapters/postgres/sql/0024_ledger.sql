@@ -2271,7 +2271,8 @@ BEGIN
   WITH settled AS MATERIALIZED (
     SELECT w.claim_id, w.queue, greatest(z.last_closed + '5 minutes'::interval, z.kept_until) AS ripe_at
       FROM @schema@.open_claims w
-      JOIN @schema@.claims c ON c.claim_id = w.claim_id
+      -- (one claims_pkey probe per open claim, as in open_attempts)
+     CROSS JOIN LATERAL (SELECT c.job_ids FROM @schema@.claims c WHERE c.claim_id = w.claim_id OFFSET 0) c
       LEFT JOIN @schema@.queues q ON q.name = w.queue
      CROSS JOIN LATERAL (
            SELECT count(*) AS n, max(x.closed_at) AS last_closed,
@@ -2531,7 +2532,10 @@ SELECT c.claim_id, u.pos::int AS pos, u.job_id,
        c.attempts[u.pos] AS attempt, c.secrets[u.pos] AS secret, c.run_ats[u.pos] AS run_at,
        c.last_errors[u.pos] AS last_error, c.progress[u.pos] AS progress
   FROM @schema@.open_claims o
-  JOIN @schema@.claims c ON c.claim_id = o.claim_id
+ -- driven by open_claims, one claims_pkey probe each (OFFSET 0 keeps it a probe): as a join, the
+ -- planner may scan every claim and test every item against closures before it looks at
+ -- open_claims, when open_claims' statistics were taken in the middle of a drain
+ CROSS JOIN LATERAL (SELECT c.* FROM @schema@.claims c WHERE c.claim_id = o.claim_id OFFSET 0) c
  -- the anti-join inside the lateral: planned per claim (one probe of closures_pkey per item by
  -- its full key), where outside it reads the claim's closures once per item
  CROSS JOIN LATERAL (SELECT u.job_id, u.pos FROM unnest(c.job_ids) WITH ORDINALITY AS u(job_id, pos)

@@ -1039,6 +1039,36 @@ SELECT count(*) AS x FROM maintain('ta-leader', :term, '5 minutes') \gset
 SELECT pg_temp.check(pg_temp.retired(ARRAY[:me]) = 1 AND pg_temp.alive(ARRAY[:e1, :e2, :e3]) = 0 AND pg_temp.alive(ARRAY[:e4]) = 1
                      AND pg_temp.state(:e4) = 'failed', 'maintain: the claim of four at its completion''s hour; the dead letter''s spec stays');
 SELECT pg_temp.check(pg_temp.consistent(), 'maintain: every claim open or settled, every closure with its claim or retired');
+-- A pass reads the open claims only, whatever open_claims' statistics say: taken in the middle of
+-- a drain they can count thousands of open claims where one is left, and neither the rescue's scan
+-- (open_attempts) nor the settling may then turn into a scan of every claim (here the 2N of the
+-- retention section, still in claims) tested item by item against closures.
+-- (the planner scales reltuples by the pages the table has now)
+UPDATE pg_class SET reltuples = 5000, relpages = greatest(1, pg_relation_size(oid) / current_setting('block_size')::int)
+ WHERE oid = 'open_claims'::regclass;
+SELECT count(*) AS open_n FROM open_claims \gset
+SELECT pg_temp.check(:open_n BETWEEN 1 AND 10 AND (SELECT count(*) FROM claims) > :bulk_n,
+                     'maintain: a few open claims among many: ' || :open_n);
+BEGIN;
+SELECT pg_temp.blocks() AS m0 \gset
+SELECT count(*) AS x FROM maintain('ta-leader', :term, '5 minutes') \gset
+SELECT pg_temp.blocks_since(:'m0') AS mbufs \gset
+COMMIT;
+SELECT pg_temp.check((:'mbufs'::jsonb->>'claims')::int < 100 AND (:'mbufs'::jsonb->>'closures_pkey')::int < 500,
+                     'maintain: a pass reads the open claims only: ' || :'mbufs');
+CREATE FUNCTION pg_temp.plan(q text) RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+  p jsonb;
+BEGIN
+  EXECUTE 'EXPLAIN (ANALYZE, FORMAT JSON) ' || q INTO p;
+  RETURN p;
+END $$;
+SELECT pg_temp.plan('SELECT count(*) FROM open_attempts') AS oplan \gset
+SELECT pg_temp.check(sum((n->>'Actual Rows')::bigint * (n->>'Actual Loops')::bigint) <= :open_n,
+                     'open_attempts: driven by open_claims, one probe of claims each: ' || :'oplan')
+  FROM jsonb_path_query(:'oplan'::jsonb, 'strict $.**') n
+ WHERE jsonb_typeof(n) = 'object' AND n->>'Relation Name' = 'claims';
+ANALYZE open_claims;
 
 -- ---- retention and the trace recorder -----------------------------------------------------------
 
