@@ -1,7 +1,7 @@
 /*
- * ledger_guard.pml -- SPIN model of the ledger layout's guard (docs/storage_ledger.md §5-§6;
- * models/README.md, "ledger_guard.pml"). Not the shipped schema: the protocol of the proposed one,
- * checked before it is built.
+ * ledger_guard.pml -- SPIN model of the ledger layout's guard (docs/storage_ledger.md §5-§6, §10;
+ * models/README.md, "ledger_guard.pml"): the closure key and the attempt's advisory lock that
+ * schema 24 ships, its row-wise retention, and the segment retirement proposed beside it.
  *
  * The layout: a claim appends its claim item (job, run lease) to the current segment pair; a
  * closure (completion, failure for good, rescue) goes to the segment of the claim it closes and is
@@ -10,6 +10,13 @@
  * leader rotates the current pair and retires an old pair whole (TRUNCATE of both partitions) once
  * every claim in it is closed: it proves that, takes ACCESS EXCLUSIVE (waiting for every open
  * transaction that read or wrote the pair), proves it again, then truncates.
+ *
+ * Schema 24 ships the key and the advisory lock, and retires row by row instead of by segment pair:
+ * once every item of a claim is closed, the claim is settled, and retention deletes its claims row
+ * when it is ripe and its closures a day later, so a late closer whose snapshot still shows the
+ * attempt open meets the closure key. The leader runs both kinds of retirement here; "a day later"
+ * stands for "after every transaction that read the attempt before the claim row went has ended"
+ * (no transaction stays open a day: docs/storage_ledger.md, "Known gaps").
  *
  * Closers run at READ COMMITTED or at REPEATABLE READ (a caller's business transaction may be
  * either). Each reads the attempt first (the snapshot a REPEATABLE READ transaction keeps; its
@@ -24,7 +31,8 @@
  *   worker (x2)  claims (the job's ready entry -> a claim item for run lease + 1), then completes
  *                or fails it for good in a transaction at either isolation level, or dies.
  *   rescue       closes an open attempt as rescued and appends a new ready entry (same run lease).
- *   leader       rotations and retirements of segment pairs, bounded.
+ *   leader       rotations and retirements of segment pairs, and the row-wise retention: a settled
+ *                claim's row deleted, its closures later, bounded.
  *   invariants   ghost observer: the safety invariants in every reachable state.
  *
  * Mutants (models/check.sh --mutant NAME); each line is read by check.sh:
@@ -32,6 +40,11 @@
  *         closures without their key: a REPEATABLE READ closer decides on its snapshot alone
  * @mutant pair_proof_unlocked -DMUTANT_NO_RECHECK
  *         a segment pair truncated on a proof taken before its lock (not re-checked under it)
+ * @mutant closures_with_claim -DMUTANT_CLOSURES_WITH_CLAIM
+ *         row-wise retention deletes a settled claim's closures together with its claims row
+ * @mutant closures_forgotten_early -DMUTANT_EARLY_FORGET
+ *         row-wise retention deletes the closures of a retired claim while a transaction that read
+ *         the attempt before the retirement is still open
  */
 
 #define SEGS 2                 /* segment pairs: a ring of two (current and previous) */
@@ -57,11 +70,13 @@ byte claim_seg[MAX_LEASE + 1]; /* the pair of each run lease's claim (its claim_
 byte users[SEGS];              /* open transactions holding a lock on a pair (read or write) */
 bool excl[SEGS];               /* ACCESS EXCLUSIVE held on a pair (retirement) */
 bool attempt_lock[MAX_LEASE + 1]; /* advisory transaction lock of an attempt */
+bool retired[MAX_LEASE + 1];   /* row-wise retention deleted the claim's row */
 
 /* ---- ghost state (observers only; no SQL counterpart) ---- */
 bool claim_in_flight = false;  /* a claim transaction took the ready row and has not committed */
 byte issued = 0;               /* highest run lease a committed claim issued */
 byte terminal = 0;             /* terminal outcomes committed (completed or failed) */
+byte readers[MAX_LEASE + 1];   /* open closer transactions that have read the attempt */
 
 #define CLAIMED(l) (((claims[0] | claims[1]) & BIT(l)) != 0)
 #define CLOSED(l) (((closures[0] | closures[1]) & BIT(l)) != 0)
@@ -106,6 +121,7 @@ end_idle:
            atomic {            /* BEGIN; the first read of the attempt: its snapshot, the pair's lock */
              !excl[seg] ->
              users[seg]++;
+             readers[my]++;
              seen = OPEN(my)
            };
            atomic {            /* pg_advisory_xact_lock of the attempt */
@@ -125,6 +141,7 @@ end_idle:
              :: else -> skip             /* stale: closed under us (the key refused it), no write */
              fi;
              attempt_lock[my] = false;
+             readers[my]--;
              users[seg]--
            }
         :: skip                          /* the worker dies: its attempt is left to rescue */
@@ -172,6 +189,7 @@ end_idle:
 active proctype leader() {
   byte steps = 0;
   byte k = 0;
+  byte l = 0;
   bool proved = false;
   do
   :: steps < LEADER_STEPS ->
@@ -197,9 +215,43 @@ active proctype leader() {
            }
         :: else -> skip                  /* an attempt in it is open: not yet */
         fi
+     :: l = 1;                           /* row-wise retention of a settled claim (any one) */
+        do
+        :: l < MAX_LEASE -> l++
+        :: break
+        od;
+        atomic {
+          if
+          :: CLAIMED(l) && CLOSED(l) && !retired[l] ->   /* settled, and ripe: its row deleted */
+             claims[claim_seg[l]] = claims[claim_seg[l]] & ~BIT(l);
+             retired[l] = true;
+#ifdef MUTANT_CLOSURES_WITH_CLAIM
+             closures[claim_seg[l]] = closures[claim_seg[l]] & ~BIT(l);
+#endif
+             skip
+          :: else -> skip
+          fi
+        }
+     :: l = 1;                           /* a day later: the retired claim's closures deleted */
+        do
+        :: l < MAX_LEASE -> l++
+        :: break
+        od;
+        atomic {
+          if
+#ifdef MUTANT_EARLY_FORGET
+          :: retired[l] && CLOSED(l) ->
+#else
+          :: retired[l] && CLOSED(l) && readers[l] == 0 ->
+#endif
+             closures[claim_seg[l]] = closures[claim_seg[l]] & ~BIT(l)
+          :: else -> skip
+          fi
+        }
      fi;
      proved = false;
-     k = 0
+     k = 0;
+     l = 0
   :: else -> break
   od
 }
