@@ -85,7 +85,8 @@ void maintenance::pass(std::function<void()> done) {
           core.emit(lifecycle_event::rescued, c, std::string{tenure::to_string(res.new_state)});
           if (res.new_state == job_state::available) dispatch.on_wake(res.queue);
         }
-        read_depths(std::move(done));
+        // The dead rows first: after a large drain a count over them would read every one.
+        reclaim([this, done = std::move(done)]() mutable { read_depths(std::move(done)); });
       });
 }
 
@@ -94,7 +95,7 @@ void maintenance::pass(std::function<void()> done) {
 void maintenance::read_depths(std::function<void()> done) {
   const auto now = core.now();
   if (!count_depths || now < next_count) {
-    reclaim(std::move(done));
+    done();
     return;
   }
   running = true;
@@ -112,7 +113,7 @@ void maintenance::read_depths(std::function<void()> done) {
                    m.database_errors.fetch_add(1, std::memory_order_relaxed);
                    tenure::logger()->warn("tenure: counting queue depths failed: {}", r.error().message());
                  }
-                 reclaim(std::move(done));
+                 done();
                  return;
                }
                std::vector<queue_series*> seen;
@@ -130,7 +131,7 @@ void maintenance::read_depths(std::function<void()> done) {
                }
                m.queues.zero_depths_except(seen);
                depths_shown = true;
-               reclaim(std::move(done));
+               done();
              });
 }
 

@@ -2,8 +2,8 @@
 /// \file
 /// Maintenance: promote due deferred jobs and rescue stale attempts, every
 /// maintenance_interval, only while this process leads (leadership.hpp); a pass is fenced by
-/// the lease's term. After each pass the leader counts the queues' depths for the gauges and
-/// reclaims the claim path's dead rows once enough wait. Rescued jobs back in their queue wake
+/// the lease's term. After each pass the leader reclaims the claim path's dead rows once enough
+/// wait, then counts the queues' depths for the gauges. Rescued jobs back in their queue wake
 /// the dispatcher. Stands on control,
 /// in_flight, leadership and the dispatcher. Private to the runtime; control thread only.
 #include <chrono>

@@ -1,7 +1,8 @@
 // The maintenance leader's housekeeping after each pass, over the SQLite fake behind the
 // fault-injecting decorator: reclaiming the claim path's dead rows (asked with the configured
-// threshold, never with 0, no more once the store says it cannot, again after a failure), and a
-// queue depth count that waits 100 times as long as the last one took, by the runtime's clock.
+// threshold, never with 0, no more once the store says it cannot, again after a failure, before
+// the depth count), and a queue depth count that waits 100 times as long as the last one took,
+// by the runtime's clock.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -78,6 +79,21 @@ TEST_F(maintenance_unit, a_negative_reclaim_dead_rows_is_refused) {
   auto r = runtime::create(std::move(c), faulty_);
   ASSERT_FALSE(r);
   EXPECT_NE(r.error().message().find("reclaim_dead_rows"), std::string::npos) << r.error().message();
+}
+
+TEST_F(maintenance_unit, the_leader_reclaims_dead_rows_before_it_counts_queue_depths) {
+  // After a large drain the count would otherwise read every dead row of the claim path.
+  auto c = config();
+  c.reclaim_dead_rows = 1'234;
+  faulty_->hold(op::reclaim_dead_rows);
+  auto rt = make(c);
+  rt->handle("k", [](job_context&) { return job_outcome::completed(); });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return faulty_->calls(op::reclaim_dead_rows) == 1; }));
+  EXPECT_EQ(faulty_->calls(op::queue_depths), 0) << "counted before the dead rows were reclaimed";
+  faulty_->release(op::reclaim_dead_rows);
+  EXPECT_TRUE(eventually([&] { return faulty_->calls(op::queue_depths) == 1; })) << "counted after it";
+  rt->stop();
 }
 
 TEST_F(maintenance_unit, a_slow_depth_count_waits_a_hundred_times_its_duration_by_the_runtimes_clock) {
