@@ -972,11 +972,13 @@ $$;
 -- claim in open_claims counts its items less its closures (the claim row and its closures read by
 -- key, once per claim rather than once per item), and the attempts parked on a callback
 -- (attempt_state.waiting, of an item without a closure) move from running to waiting_external.
--- A claim whose items are all closed, not yet removed from open_claims, counts nothing.
+-- A claim whose items are all closed, not yet removed from open_claims, counts nothing. Without
+-- JIT: the estimates of the per-claim counts of closures put the statement above jit_above_cost,
+-- and compiling it took longer than running it (~0.5 s of 0.7 s after a drain of 1,000,000 jobs).
 CREATE OR REPLACE FUNCTION @schema@.queue_depths()
 RETURNS TABLE(queue text, available bigint, scheduled bigint, retryable bigint, running bigint,
               waiting_external bigint, oldest_available interval)
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET jit = off AS $$
   WITH c AS (
     SELECT r.queue, count(*) AS available, 0::bigint AS scheduled, 0::bigint AS retryable,
            0::bigint AS running, 0::bigint AS waiting, min(greatest(r.run_at, r.created_at)) AS since
@@ -1020,10 +1022,11 @@ $$;
 -- attempts counted as in queue_depths, the terminal closures and dead_letter. The same counts as
 -- the jobs view: a job's terminal closure (completed, failed, cancelled) is its last word, since
 -- an operator's retry turns it into a release ('e') before the job waits again, and retention
--- removes it together with the job's spec. The claim's queue is the job's.
+-- removes it together with the job's spec. The claim's queue is the job's. Without JIT, as
+-- queue_depths (1.3 s against 0.3 s after a drain of 1,000,000 jobs).
 CREATE OR REPLACE FUNCTION @schema@.list_queues()
 RETURNS TABLE(queue text, paused boolean, settings jsonb, counts jsonb, oldest_available interval)
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET jit = off AS $$
   WITH c AS (
     SELECT u.queue, u.state, sum(u.n)::bigint AS n
       FROM (SELECT r.queue, 'available'::text AS state, count(*) AS n FROM @schema@.ready r GROUP BY r.queue

@@ -51,6 +51,28 @@ class sql_contract : public ::testing::Test {
 
 const std::regex k_token_v2{"tn2:[1-9][0-9]*:[1-9][0-9]*:[0-9a-f]{32}"};
 
+TEST_F(sql_contract, queue_depths_and_list_queues_compile_nothing_with_jit_even_when_the_session_would) {
+  // Their estimates can put them above jit_above_cost, and compiling them took longer than
+  // running them (README, Flat cost as tables grow). A session that JITs every query:
+  db_.exec("SET jit = on");
+  db_.exec("SET jit_above_cost = 0");
+  db_.exec("SET jit_inline_above_cost = 0");
+  db_.exec("SET jit_optimize_above_cost = 0");
+  const auto probe = db_.scalar("EXPLAIN (ANALYZE, FORMAT JSON) SELECT count(*) FROM " + s("specs"));
+  ASSERT_NE(probe.find("\"JIT\""), std::string::npos) << "this server compiles nothing with JIT: " << probe;
+  // Their own statements, counted by pg_stat_statements (scripts/pg preloads its library).
+  db_.exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+  db_.exec("SET pg_stat_statements.track = 'all'");
+  enqueue("k");
+  db_.exec("SELECT * FROM " + s("queue_depths") + "()");
+  db_.exec("SELECT * FROM " + s("list_queues") + "()");
+  const auto seen = db_.scalar(
+      "SELECT count(*) || ' ' || coalesce(sum(calls), 0) || ' ' || coalesce(sum(jit_functions), 0) "
+      "FROM pg_stat_statements WHERE query LIKE 'WITH c AS%' AND query LIKE '%' || $1 || '.open_claims%'",
+      {schema_.name()});
+  EXPECT_EQ(seen, "2 2 0") << "statements, calls, functions compiled";
+}
+
 TEST_F(sql_contract, migrate_twice_is_a_noop) {
   auto again = tenure::postgres::migrate(schema_.dsn(), schema_.name());
   ASSERT_TRUE(again) << again.error().message();
