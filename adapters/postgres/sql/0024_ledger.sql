@@ -2328,29 +2328,12 @@ DECLARE
   v_found boolean;
 BEGIN
   FOR round IN 1..5 LOOP
-    WITH gone AS (DELETE FROM @schema@.ready x WHERE x.id = cancel_job.job_id RETURNING x.*),
-    recorded AS (
-      INSERT INTO @schema@.claims AS c (claim_id, queue, worker, claimed_at, deadline_at, lo, hi, job_ids, attempts,
-                                        secrets, run_ats, last_errors, progress, run_leases)
-      SELECT nextval('@schema@.claim_id_seq'), g.queue, NULL, now(), NULL, g.id, g.id, ARRAY[g.id], ARRAY[g.attempt],
-             ARRAY[gen_random_uuid()], ARRAY[g.run_at],
-             CASE WHEN g.last_error IS NOT NULL THEN ARRAY[g.last_error] END,
-             CASE WHEN g.progress IS NOT NULL THEN ARRAY[g.progress] END, ARRAY[g.run_lease]
-        FROM gone g
-      RETURNING c.claim_id, c.queue
-    ), settled AS (
-      INSERT INTO @schema@.settled_claims (claim_id, queue, ripe_at)
-      SELECT r.claim_id, r.queue,
-             now() + greatest('5 minutes'::interval,
-                              coalesce((SELECT q.retain_cancelled FROM @schema@.queues q WHERE q.name = r.queue),
-                                       '24 hours'::interval))
-        FROM recorded r
-    )
-    INSERT INTO @schema@.closures (claim_id, pos, outcome, closed_at)
-    SELECT r.claim_id, 1, 'x', now() FROM recorded r;
-    IF FOUND THEN RETURN true; END IF;
-
-    WITH gone AS (DELETE FROM @schema@.deferred x WHERE x.id = cancel_job.job_id RETURNING x.*),
+    -- (a job waits in ready or in deferred, never in both)
+    WITH from_ready AS (DELETE FROM @schema@.ready x WHERE x.id = cancel_job.job_id
+                        RETURNING x.id, x.queue, x.attempt, x.run_at, x.last_error, x.progress, x.run_lease),
+    from_deferred AS (DELETE FROM @schema@.deferred x WHERE x.id = cancel_job.job_id
+                      RETURNING x.id, x.queue, x.attempt, x.run_at, x.last_error, x.progress, x.run_lease),
+    gone AS (SELECT * FROM from_ready UNION ALL SELECT * FROM from_deferred),
     recorded AS (
       INSERT INTO @schema@.claims AS c (claim_id, queue, worker, claimed_at, deadline_at, lo, hi, job_ids, attempts,
                                         secrets, run_ats, last_errors, progress, run_leases)
