@@ -53,7 +53,7 @@ TEST_P(ledger_scenarios, each_function_group_holds_its_expectations_after_an_upg
   }
   auto upgraded = tenure::postgres::migrate(dsn, schema);
   ASSERT_TRUE(upgraded) << upgraded.error().message();
-  const std::string out = run("psql -X -v ON_ERROR_STOP=1 -v s=" + schema + " -f " + TENURE_LEDGER_SCENARIOS + "/" +
+  const std::string out = run("psql -X -v ON_ERROR_STOP=1 -v s=" + schema + " -v root=" + TENURE_SOURCE_ROOT + " -f " + TENURE_LEDGER_SCENARIOS + "/" +
                               GetParam() + ".sql '" + dsn + "'");
   EXPECT_TRUE(out.starts_with("ok\n")) << out;
   EXPECT_NE(out.find("all expectations"), std::string::npos) << out;

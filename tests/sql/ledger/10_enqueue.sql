@@ -1,7 +1,7 @@
 -- Tests of part 10 (enqueue, unique keys, the COPY paths, promotion, schedules) over the ledger layout.
 --
 --   a schema installed at the version before the ledger with jobs, then upgraded (tests/adapters/postgres/ledger_scenarios_pgtest.cpp)
---   psql -X -v ON_ERROR_STOP=1 -v s=SCHEMA -f /work/ledger_parts/tests/10_enqueue.sql DSN
+--   psql -X -v ON_ERROR_STOP=1 -v s=SCHEMA -v root=REPOSITORY -f tests/sql/ledger/10_enqueue.sql DSN
 --
 -- Expects the state --fill leaves (a legacy open attempt, a legacy completed job, one ready job,
 -- one scheduled job). Claims and closures are written directly (the claim and closers are other

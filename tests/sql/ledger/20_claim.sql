@@ -1,6 +1,6 @@
 -- Tests of part 20 (claim_attempts, claim, claim_allowance, heartbeat_batch, attempt_checkpoint,
 -- queue_depths, list_queues) on a schema made as ledger_scenarios_pgtest.cpp makes it:
---   psql -X -v ON_ERROR_STOP=1 -v s=SCHEMA -f tests/20_claim.sql
+--   psql -X -v ON_ERROR_STOP=1 -v s=SCHEMA -v root=REPOSITORY -f tests/sql/ledger/20_claim.sql DSN
 -- Jobs are written straight into specs and ready (and closures, to close an attempt), so the
 -- test depends on the tables of part 00 and on this part only, except the promotion case, which
 -- calls promote_due. Two cases run a second session (a background psql) to check what the claim

@@ -1,6 +1,6 @@
 -- Tests of 40_callbacks.sql: register/await/park/resume/extend/complete/fail_callback over the
 -- ledger layout. Run on a schema made as ledger_scenarios_pgtest.cpp makes it:
---   psql -X -v ON_ERROR_STOP=1 -v s=SCHEMA -f tests/40_callbacks.sql
+--   psql -X -v ON_ERROR_STOP=1 -v s=SCHEMA -v root=REPOSITORY -f tests/sql/ledger/40_callbacks.sql DSN
 -- Every expectation raises when it fails. Concurrency runs through dblink sessions (the extension
 -- is created in schema tenure_test_ext when the database has none).
 \set ON_ERROR_STOP 1

@@ -2,7 +2,7 @@
 -- retry_job) over the ledger layout.
 --
 --   a schema installed at the version before the ledger with jobs, then upgraded (tests/adapters/postgres/ledger_scenarios_pgtest.cpp)
---   psql -X -v ON_ERROR_STOP=1 -v s=SCHEMA -f /work/ledger_parts/tests/50_admin.sql DSN
+--   psql -X -v ON_ERROR_STOP=1 -v s=SCHEMA -v root=REPOSITORY -f tests/sql/ledger/50_admin.sql DSN
 --
 -- Needs the state --fill leaves: job 1 open with the legacy run lease 1, job 2 completed with the
 -- legacy run lease 1, job 3 available, job 4 scheduled. Other jobs are written directly into
@@ -13,7 +13,7 @@
 -- them), fail_attempt, snooze_attempt and cancel_attempt (late closers of a pruned claim;
 -- cancel_job calls the last), attempt_evidence, list_queues and queue_depths, and what maintain
 -- calls (promote_due, enqueue_due_schedules); the last section installs the trace recorder
--- (/work/ledger/tools/trace/recorder.sql). Time passes by moving timestamps back (a settled
+-- (tools/trace/recorder.sql). Time passes by moving timestamps back (a settled
 -- claim's closures and its ripe_at together). Second sessions run psql (same host, port,
 -- database, user), in the background when they must wait. Every failed expectation raises.
 \set ON_ERROR_STOP 1
@@ -1076,7 +1076,8 @@ ANALYZE open_claims;
 -- record's removal when its claims row or its closures go, whichever first, by the other: the
 -- claim row goes first and records it; its closures, forgotten a day later, record nothing.
 \setenv TA_S :s
-\set rec `f="$TA_TMP/recorder.sql"; sed "s/@schema@/$TA_S/g" /work/ledger/tools/trace/recorder.sql > "$f" && echo "$f"`
+\setenv TA_ROOT :root
+\set rec `f="$TA_TMP/recorder.sql"; sed "s/@schema@/$TA_S/g" "$TA_ROOT/tools/trace/recorder.sql" > "$f" && echo "$f"`
 \i :rec
 SELECT pg_temp.job('tr_q') AS tr1, pg_temp.job('tr_q') AS tr2, pg_temp.job('tr_q') AS tr3 \gset
 SELECT pg_temp.claim(ARRAY[:tr1, :tr2]) AS tra, pg_temp.claim(ARRAY[:tr3]) AS trb \gset
