@@ -107,6 +107,39 @@ TEST(schema_upgrade, every_older_version_upgrades_with_open_attempts_kept_and_st
   }
 }
 
+// A caller-owned attempt opened before the ledger layout (its run lease below 65,536, found
+// through legacy_attempts) completes with its token after the upgrade; a wrong secret and a second
+// completion are stale (TN001) and change nothing.
+TEST(schema_upgrade, an_attempt_opened_before_the_ledger_completes_with_its_token_in_the_callers_transaction) {
+  const std::string dsn = tenure::test::test_dsn();
+  const std::string schema = "upgtok_" + tenure::test::random_suffix();
+  const cleanup drop{dsn, schema, schema + "_nobody"};
+  pg db{dsn};
+  ASSERT_TRUE(tenure::postgres::detail::migrate_up_to(dsn, schema, version_named("_ledger") - 1));
+  db.exec("SELECT " + schema + ".enqueue('k', '{}', 'q')");
+  db.exec("SELECT " + schema + ".enqueue('k', '{}', 'q')");
+  auto open = db.exec("SELECT job_id, run_lease, token FROM " + schema + ".claim('q', 2, 'old-worker')");
+  ASSERT_EQ(open.rows.size(), 2u);
+  ASSERT_TRUE(open.at(0, 2).starts_with("tn2:")) << open.at(0, 2);
+  ASSERT_TRUE(tenure::postgres::migrate(dsn, schema));
+  ASSERT_LT(std::stoll(open.at(0, 1)), 65536);
+
+  // The other attempt's secret on this attempt's pair: stale.
+  const std::string forged = "tn2:" + open.at(0, 0) + ":" + open.at(0, 1) + ":" +
+                             open.at(1, 2).substr(open.at(1, 2).rfind(':') + 1);
+  EXPECT_EQ(db.query("SELECT * FROM " + schema + ".complete_job($1)", {forged}).sqlstate, "TN001");
+  db.exec("BEGIN");
+  auto done = db.exec("SELECT job_id, run_lease FROM " + schema + ".complete_job($1, '{\"n\":1}')", {open.at(0, 2)});
+  ASSERT_EQ(done.rows.size(), 1u);
+  EXPECT_EQ(done.at(0, 0), open.at(0, 0));
+  EXPECT_EQ(done.at(0, 1), open.at(0, 1));
+  db.exec("COMMIT");
+  EXPECT_EQ(db.query("SELECT * FROM " + schema + ".complete_job($1)", {open.at(0, 2)}).sqlstate, "TN001");
+  EXPECT_EQ(db.scalar("SELECT string_agg(state || ':' || run_lease || ':' || coalesce(progress::text, '-'), ',' ORDER BY id) FROM " +
+                      schema + ".jobs"),
+            "completed:" + open.at(0, 1) + ":{\"n\": 1},running:" + open.at(1, 1) + ":-");
+}
+
 // The version that added job metadata.
 int metadata_version() { return version_named("_job_metadata"); }
 
