@@ -115,6 +115,21 @@ class caller_owned_context : public job_context {
                                                         finalize_options_for(std::move(progress)));
   }
 
+  /// As complete_in_tx, then commits `tx` in the same round trip, for a bridge that can (the libpq
+  /// bridge: a PGconn* inside BEGIN, see tenure/libpq.hpp). This call ends the transaction: a
+  /// receipt means the server committed it; a refused completion or COMMIT leaves nothing committed
+  /// (the transaction is rolled back); errc::commit_in_doubt when the answer to the COMMIT was lost.
+  /// The runtime checks durable evidence after the handler returns, as with complete_in_tx.
+  template <class Tx>
+  result<finalization_receipt> complete_and_commit(Tx&& tx, std::optional<nlohmann::json> progress = std::nullopt) {
+    using bridge = tx_bridge<std::remove_cvref_t<Tx>>;
+    static_assert(requires(Tx&& t, const finalization_token& tok, const finalize_options& o) {
+                    bridge::complete_and_commit(std::forward<Tx>(t), tok, o);
+                  }, "complete_and_commit: this transaction type's bridge cannot commit for the caller; "
+                     "use complete_in_tx and commit the transaction yourself (or a PGconn* with tenure/libpq.hpp)");
+    return bridge::complete_and_commit(std::forward<Tx>(tx), token(), finalize_options_for(std::move(progress)));
+  }
+
   /// The error text recorded with the retry or failure when the handler returns an error (and
   /// the attempt turns out to be still open). Default: the error code's message.
   void note_failure(std::string why);

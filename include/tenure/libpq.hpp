@@ -35,8 +35,8 @@ result<std::int64_t> enqueue(PGconn* conn, const new_job& job, const sql_options
 /// (never a statement per job); ids in input order. All or nothing: one invalid job refuses the
 /// batch before anything is sent. Otherwise as enqueue(). Inside a transaction, a batch of at
 /// least options.copy_threshold jobs without unique keys goes through COPY instead: jobs to run now
-/// straight into `<schema>.ready` (whose constraints check each job as enqueue_batch does) and their
-/// ids read back with `<schema>.enqueue_copied_ready(n)`; a batch with a scheduled job into a stage
+/// straight into `<schema>.specs` (whose constraints check each job as enqueue_batch does) and their
+/// ids read back with `<schema>.enqueue_copied_ready(n)`, which also makes them claimable; a batch with a scheduled job into a stage
 /// of the session (`<schema>.enqueue_copy_stage()`, a temporary table tenure owns with the same
 /// checks) and one `<schema>.enqueue_copied()` moving them into the job tables. Same answer, same
 /// all-or-nothing (a job a check refuses aborts the caller's transaction, as any refused statement
@@ -64,11 +64,32 @@ result<std::vector<enqueue_result>> try_enqueue_batch(PGconn* conn, std::span<co
 result<finalization_receipt> complete_in_tx(PGconn* conn, const finalization_token& token,
                                             const finalize_options& options = {});
 
+/// Completes the attempt named by `token` and commits the caller's transaction on `conn`, in one
+/// round trip: `<schema>.complete_job(token)` and COMMIT go to the server together (libpq's
+/// pipeline mode), saving the wait between the two that complete_in_tx followed by the caller's
+/// COMMIT costs. `conn` must be inside a transaction the caller opened with BEGIN, idle and not
+/// in pipeline mode (errc::protocol_error otherwise, nothing sent). Unlike complete_in_tx, this
+/// call ends the transaction:
+///   - a receipt: the server answered the COMMIT; the business writes and the completion committed.
+///   - errc::stale_attempt (TN001), errc::malformed_token (TN002) or another refusal of
+///     complete_job: the server skipped the COMMIT; this call rolled the transaction back and
+///     nothing of it committed.
+///   - the COMMIT refused (errc::transient_conflict for a serialization failure, else by SQLSTATE):
+///     the transaction is over and nothing of it committed.
+///   - errc::commit_in_doubt: the connection broke after the COMMIT was sent, before its answer;
+///     whether it committed is unknown (the runtime reconciles the attempt against the database).
+result<finalization_receipt> complete_and_commit(PGconn* conn, const finalization_token& token,
+                                                 const finalize_options& options = {});
+
 template <>
 struct tx_bridge<PGconn*> {
   static result<finalization_receipt> complete(PGconn* conn, const finalization_token& token,
                                                const finalize_options& options) {
     return complete_in_tx(conn, token, options);
+  }
+  static result<finalization_receipt> complete_and_commit(PGconn* conn, const finalization_token& token,
+                                                          const finalize_options& options) {
+    return tenure::complete_and_commit(conn, token, options);
   }
 };
 

@@ -31,7 +31,7 @@ result<std::int64_t> enqueue(pqxx::transaction_base& tx, const new_job& job, con
 /// Enqueues many jobs inside `tx` with one `<schema>.enqueue_batch(...)` statement over arrays;
 /// ids in input order. All or nothing: one invalid job refuses the batch before anything is sent.
 /// Inside a pqxx::work on a UTF-8 session, a batch of at least options.copy_threshold keyless jobs
-/// goes through COPY (pqxx::stream_to into `ready` or the session's stage), as tenure/libpq.hpp's
+/// goes through COPY (pqxx::stream_to into `specs` or the session's stage), as tenure/libpq.hpp's
 /// enqueue_batch() describes.
 result<std::vector<std::int64_t>> enqueue_batch(pqxx::transaction_base& tx, std::span<const new_job> jobs,
                                                 const sql_options& options = {});

@@ -12,6 +12,7 @@
 #include <soci/soci.h>
 #include <spdlog/spdlog.h>
 
+#include "tenure/libpq.hpp"
 #include "tenure/runtime.hpp"
 #include "tenure/soci.hpp"
 
@@ -27,6 +28,11 @@ struct payment_provider {
   bool charge(long long /*order_id*/, long long /*amount_cents*/) { return true; }
 };
 inline payment_provider provider;
+
+/// The application's own pool of libpq connections.
+struct libpq_pool {
+  PGconn* acquire() { return nullptr; }
+};
 
 struct welcome_args {
   std::string email;
@@ -131,6 +137,20 @@ void caller_owned(std::unique_ptr<tenure::runtime>& rt, soci::connection_pool& p
     return receipt;
   });
   // [/snippet:caller_owned]
+}
+
+void caller_owned_one_round_trip(std::unique_ptr<tenure::runtime>& rt, libpq_pool& my_pool) {
+  rt->handle_caller_owned<charge_args>("charge", [&my_pool](const charge_args& a, tenure::caller_owned_context& ctx)
+                                                     -> tenure::result<tenure::finalization_receipt> {
+    const std::string id = std::to_string(a.order_id);
+    const char* params[1] = {id.c_str()};
+    // [snippet:complete_and_commit]
+    PGconn* c = my_pool.acquire();
+    PQclear(PQexec(c, "BEGIN"));
+    PQclear(PQexecParams(c, "UPDATE orders SET state = 'paid' WHERE id = $1", 1, nullptr, params, nullptr, nullptr, 0));
+    return ctx.complete_and_commit(c);  // complete_job + COMMIT in one send; the transaction is over
+    // [/snippet:complete_and_commit]
+  });
 }
 
 void tracing(std::unique_ptr<tenure::runtime>& rt, soci::session& db) {

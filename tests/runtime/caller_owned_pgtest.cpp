@@ -75,6 +75,54 @@ TEST_F(caller_owned, receipt_after_commit_is_accepted_after_reconciliation) {
   EXPECT_EQ(m.flushes, 0u) << "caller-owned completions bypass the batcher";
 }
 
+TEST_F(caller_owned, complete_and_commit_in_one_round_trip_is_accepted_after_reconciliation) {
+  auto rt = make();
+  rt->handle_caller_owned("charge", [&](caller_owned_context& ctx) -> result<finalization_receipt> {
+    pg conn{schema_.dsn()};
+    conn.exec("BEGIN");
+    conn.exec("INSERT INTO " + s("orders") + " VALUES ($1, $2)",
+              {std::to_string(ctx.job_id()), std::to_string(ctx.run_lease())});
+    return ctx.complete_and_commit(conn.native(), nlohmann::json{{"done", true}});
+  });
+  ASSERT_TRUE(rt->start());
+  const auto id = enqueue("charge");
+  ASSERT_TRUE(finished(id));
+  EXPECT_EQ(job(id), "completed 1");
+  EXPECT_EQ(job(id, "progress::text"), "{\"done\": true}");
+  EXPECT_EQ(orders(), 1);
+  ASSERT_TRUE(rt->wait_idle(5s));
+  const auto m = rt->metrics();
+  EXPECT_EQ(m.completed, 1u);
+  EXPECT_GE(m.reconciliations, 1u) << "a committed receipt is still checked against the database";
+  EXPECT_EQ(m.protocol_warnings, 0u);
+  EXPECT_EQ(m.permits_held, 0);
+}
+
+TEST_F(caller_owned, complete_and_commit_of_a_cancelled_attempt_is_stale_and_writes_nothing) {
+  auto rt = make();
+  std::atomic<int> stale{0};
+  rt->handle_caller_owned("charge", [&](caller_owned_context& ctx) -> result<finalization_receipt> {
+    // An operator cancels the job while the handler works.
+    pg op{schema_.dsn()};
+    op.exec("SELECT " + s("cancel_job") + "($1)", {std::to_string(ctx.job_id())});
+    pg conn{schema_.dsn()};
+    conn.exec("BEGIN");
+    conn.exec("INSERT INTO " + s("orders") + " VALUES ($1, $2)",
+              {std::to_string(ctx.job_id()), std::to_string(ctx.run_lease())});
+    auto r = ctx.complete_and_commit(conn.native());
+    if (!r && r.error() == errc::stale_attempt) ++stale;
+    EXPECT_EQ(PQtransactionStatus(conn.native()), PQTRANS_IDLE);
+    return r;
+  });
+  ASSERT_TRUE(rt->start());
+  const auto id = enqueue("charge");
+  ASSERT_TRUE(finished(id));
+  ASSERT_TRUE(rt->wait_idle(5s));
+  EXPECT_EQ(stale.load(), 1);
+  EXPECT_EQ(job(id, "state"), "cancelled");
+  EXPECT_EQ(orders(), 0);
+}
+
 TEST_F(caller_owned, error_after_a_durable_commit_is_accepted_with_one_protocol_warning) {
   auto rt = make();
   rt->handle_caller_owned("charge", [&](caller_owned_context& ctx) -> result<finalization_receipt> {

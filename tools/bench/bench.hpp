@@ -30,6 +30,9 @@ struct options {
   /// enqueue-single: make every enqueue pay for a NOTIFY (as a per-commit NOTIFY design would),
   /// for an A/B against tenure's NOTIFY-only-while-a-worker-sleeps wake-up.
   bool notify_always = false;
+  /// caller-owned: the handlers call complete_in_tx and then COMMIT (two round trips) instead of
+  /// complete_and_commit (one).
+  bool separate_commit = false;
   /// runtime: the metadata every job carries (what a claim returns with each job).
   nlohmann::json metadata = nlohmann::json::object();
 };

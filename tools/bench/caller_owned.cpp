@@ -101,8 +101,9 @@ double cpu_ms_per_job(const cpu_share& c, double per_s) {
 
 /// Caller-owned finalization next to the batched path, in one run: the same N jobs drained (a)
 /// by an ordinary no-op handler whose completions the runtime batches, and (b) by a caller-owned
-/// handler that, per job, opens its own transaction, writes one business row, calls
-/// complete_in_tx and commits (one commit per job, by design).
+/// handler that, per job, opens its own transaction, writes one business row and calls
+/// complete_and_commit (complete_in_tx, then COMMIT, with --separate-commit): one commit per job,
+/// by design.
 nlohmann::json run_caller_owned(const options& o, const std::string& schema) {
   pg_session admin(o.dsn);
   admin.query("CREATE TABLE " + schema + ".bench_orders (job_id bigint, run_lease bigint)", {}, "bench: setup");
@@ -160,7 +161,17 @@ nlohmann::json run_caller_owned(const options& o, const std::string& schema) {
       PGresult* r = PQexecParams(c, insert.c_str(), 2, nullptr, params, nullptr, nullptr, 0);
       const bool inserted = PQresultStatus(r) == PGRES_COMMAND_OK;
       PQclear(r);
-      auto receipt = inserted ? ctx.complete_in_tx(c) : result<finalization_receipt>{errc::database_error};
+      if (!inserted) {
+        exec_ok(c, "ROLLBACK");
+        ++failures;
+        return errc::database_error;
+      }
+      if (!o.separate_commit) {
+        auto receipt = ctx.complete_and_commit(c);  // ends the transaction either way
+        if (!receipt) ++failures;
+        return receipt;
+      }
+      auto receipt = ctx.complete_in_tx(c);
       if (!receipt || !exec_ok(c, "COMMIT")) {
         exec_ok(c, "ROLLBACK");
         ++failures;
@@ -191,6 +202,8 @@ nlohmann::json run_caller_owned(const options& o, const std::string& schema) {
   return {{"scenario", "caller-owned"},
           {"jobs", o.jobs},
           {"handler_threads", o.producers},
+          // complete_and_commit (one round trip) or complete_in_tx then COMMIT (--separate-commit)
+          {"caller_owned_commit", o.separate_commit ? "separate" : "with-completion"},
           {"batched_drain_jobs_per_s", std::round(o.jobs / batched_s)},
           {"caller_owned_drain_jobs_per_s", std::round(o.jobs / owned_s)},
           {"caller_owned_vs_batched", rounded(batched_s / owned_s, 2)},

@@ -121,42 +121,139 @@ result<std::vector<enqueue_result>> try_enqueue_batch(PGconn* conn, std::span<co
       });
 }
 
-result<finalization_receipt> complete_in_tx(PGconn* conn, const finalization_token& token,
-                                            const finalize_options& options) {
-  TENURE_TRY(auto progress, bridges::prepare(token, options));
+namespace {
+
+using result_ptr = std::unique_ptr<PGresult, decltype(&PQclear)>;
+
+/// Whether `conn` may take a completion: inside a transaction block the caller opened, idle.
+/// Misuse of the caller's transaction is a protocol error (retryable), not bad job input: a
+/// handler with this slip must not fail every job for good.
+result<void> check_open_transaction(PGconn* conn, const finalization_token& token, const char* what) {
   if (conn == nullptr) return errc::protocol_error;
-  // Misuse of the caller's transaction is a protocol error (retryable), not bad job input: a
-  // handler with this slip must not fail every job for good.
   auto misuse = [&](const char* why) {
-    tenure::logger()->error("tenure: complete_in_tx for job {} lease {} {}", token.job_id(), token.run_lease(), why);
+    tenure::logger()->error("tenure: {} for job {} lease {} {}", what, token.job_id(), token.run_lease(), why);
     return errc::protocol_error;
   };
+  if (PQstatus(conn) != CONNECTION_OK) return errc::database_unavailable;
+  if (PQpipelineStatus(conn) != PQ_PIPELINE_OFF) return misuse("on a connection in pipeline mode");
   switch (PQtransactionStatus(conn)) {
-    case PQTRANS_INTRANS: break;
+    case PQTRANS_INTRANS: return success();
     case PQTRANS_IDLE: return misuse("outside a transaction: BEGIN first");
     case PQTRANS_INERROR: return misuse("in an aborted transaction: roll it back");
     case PQTRANS_ACTIVE: return misuse("while a command is still running on the connection");
     case PQTRANS_UNKNOWN:
     default: return errc::database_unavailable;
   }
+}
+
+/// complete_job's answer (one row) as a receipt, or why it failed.
+result<finalization_receipt> receipt_of(PGconn* conn, const finalization_token& token, PGresult* res) {
+  if (!res || PQresultStatus(res) != PGRES_TUPLES_OK) {
+    if (PQstatus(conn) != CONNECTION_OK) {
+      tenure::logger()->warn("tenure: complete_in_tx for job {} lease {}: connection lost ({}); the transaction is gone",
+                             token.job_id(), token.run_lease(), postgres::one_line(PQerrorMessage(conn)));
+      return errc::database_unavailable;
+    }
+    const char* state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : nullptr;
+    return bridges::report_failure(token, postgres::errc_from_sqlstate(state ? state : ""),
+                                   res ? PQresultErrorMessage(res) : PQerrorMessage(conn));
+  }
+  if (PQntuples(res) != 1 || PQgetisnull(res, 0, 2)) return errc::protocol_error;
+  auto num = [&](int col) { return std::strtoll(PQgetvalue(res, 0, col), nullptr, 10); };
+  return bridges::receipt_from(token, num(0), num(1), num(2));
+}
+
+/// The next result of the pipeline and the null that ends its command (none for a sync).
+result_ptr next_result(PGconn* conn) {
+  result_ptr res{PQgetResult(conn), &PQclear};
+  if (res && PQresultStatus(res.get()) != PGRES_PIPELINE_SYNC) {
+    while (PGresult* extra = PQgetResult(conn)) PQclear(extra);
+  }
+  return res;
+}
+
+}  // namespace
+
+result<finalization_receipt> complete_in_tx(PGconn* conn, const finalization_token& token,
+                                            const finalize_options& options) {
+  TENURE_TRY(auto progress, bridges::prepare(token, options));
+  TENURE_TRYV(check_open_transaction(conn, token, "complete_in_tx"));
   const std::string token_text = token.to_string();
   const std::string sql = bridges::complete_sql(options.schema, progress.has_value());
   const char* params[2] = {token_text.c_str(), progress ? progress->c_str() : nullptr};
-  std::unique_ptr<PGresult, decltype(&PQclear)> res{
-      PQexecParams(conn, sql.c_str(), progress ? 2 : 1, nullptr, params, nullptr, nullptr, 0), &PQclear};
-  if (!res || PQresultStatus(res.get()) != PGRES_TUPLES_OK) {
-    if (PQstatus(conn) != CONNECTION_OK) {
-      tenure::logger()->warn("tenure: complete_in_tx for job {} lease {}: connection lost ({}); the transaction is gone",
-                   token.job_id(), token.run_lease(), postgres::one_line(PQerrorMessage(conn)));
-      return errc::database_unavailable;
-    }
-    const char* state = res ? PQresultErrorField(res.get(), PG_DIAG_SQLSTATE) : nullptr;
-    return bridges::report_failure(token, postgres::errc_from_sqlstate(state ? state : ""),
-                                   res ? PQresultErrorMessage(res.get()) : PQerrorMessage(conn));
+  result_ptr res{PQexecParams(conn, sql.c_str(), progress ? 2 : 1, nullptr, params, nullptr, nullptr, 0), &PQclear};
+  return receipt_of(conn, token, res.get());
+}
+
+result<finalization_receipt> complete_and_commit(PGconn* conn, const finalization_token& token,
+                                                 const finalize_options& options) {
+  TENURE_TRY(auto progress, bridges::prepare(token, options));
+  TENURE_TRYV(check_open_transaction(conn, token, "complete_and_commit"));
+  const std::string token_text = token.to_string();
+  const std::string sql = bridges::complete_sql(options.schema, progress.has_value());
+  const char* params[2] = {token_text.c_str(), progress ? progress->c_str() : nullptr};
+  // complete_job, COMMIT and a sync in one send. A refused complete_job makes the server skip the
+  // COMMIT (the pipeline is aborted up to the sync), so the transaction cannot commit without it.
+  if (PQenterPipelineMode(conn) != 1) return errc::protocol_error;
+  const bool sent = PQsendQueryParams(conn, sql.c_str(), progress ? 2 : 1, nullptr, params, nullptr, nullptr, 0) == 1 &&
+                    PQsendQueryParams(conn, "COMMIT", 0, nullptr, nullptr, nullptr, nullptr, 0) == 1 &&
+                    PQpipelineSync(conn) == 1;
+  result_ptr completed = sent ? next_result(conn) : result_ptr{nullptr, &PQclear};
+  result_ptr committed = sent ? next_result(conn) : result_ptr{nullptr, &PQclear};
+  result_ptr synced = sent ? next_result(conn) : result_ptr{nullptr, &PQclear};
+  const bool in_sync = synced && PQresultStatus(synced.get()) == PGRES_PIPELINE_SYNC;
+  if (!in_sync) {
+    // A broken connection answers nothing more; drain whatever is left before leaving the mode.
+    while (PGresult* extra = PQgetResult(conn)) PQclear(extra);
   }
-  if (PQntuples(res.get()) != 1 || PQgetisnull(res.get(), 0, 2)) return errc::protocol_error;
-  auto num = [&](int col) { return std::strtoll(PQgetvalue(res.get(), 0, col), nullptr, 10); };
-  return bridges::receipt_from(token, num(0), num(1), num(2));
+  PQexitPipelineMode(conn);
+  const bool lost = PQstatus(conn) != CONNECTION_OK;
+  auto end_aborted = [&] {
+    if (!lost && PQtransactionStatus(conn) == PQTRANS_INERROR) result_ptr{PQexec(conn, "ROLLBACK"), &PQclear};
+  };
+  auto in_doubt = [&] {
+    tenure::logger()->warn("tenure: complete_and_commit for job {} lease {}: connection lost after the COMMIT was sent "
+                           "({}); whether it committed is unknown",
+                           token.job_id(), token.run_lease(), postgres::one_line(PQerrorMessage(conn)));
+    return errc::commit_in_doubt;
+  };
+  if (!sent) {
+    tenure::logger()->error("tenure: complete_and_commit for job {} lease {}: could not send ({})", token.job_id(),
+                            token.run_lease(), postgres::one_line(PQerrorMessage(conn)));
+    if (lost) return in_doubt();
+    end_aborted();
+    return errc::protocol_error;
+  }
+  // complete_job refused by the server (a SQLSTATE: TN001, TN002, ...): the COMMIT was skipped and
+  // nothing committed. End the aborted transaction so the connection is idle again.
+  const bool refused = completed && PQresultStatus(completed.get()) == PGRES_FATAL_ERROR &&
+                       PQresultErrorField(completed.get(), PG_DIAG_SQLSTATE) != nullptr;
+  if (refused) {
+    auto why = receipt_of(conn, token, completed.get());
+    end_aborted();
+    return why;
+  }
+  // No answer to complete_job: the connection broke after the COMMIT may have gone out.
+  if (!completed || PQresultStatus(completed.get()) != PGRES_TUPLES_OK) {
+    if (lost) return in_doubt();
+    end_aborted();
+    return errc::protocol_error;
+  }
+  auto receipt = receipt_of(conn, token, completed.get());
+  if (committed && PQresultStatus(committed.get()) == PGRES_COMMAND_OK &&
+      std::string_view{PQcmdStatus(committed.get())} == "COMMIT") {
+    return receipt;  // a receipt_of error here is an answer naming another attempt: committed anyway
+  }
+  if (lost || !committed || PQresultErrorField(committed.get(), PG_DIAG_SQLSTATE) == nullptr) return in_doubt();
+  // The server refused the COMMIT (a serialization failure, a deferred constraint...): the
+  // transaction is over and nothing of it committed.
+  tenure::logger()->error("tenure: complete_and_commit for job {} lease {}: the COMMIT failed: {}", token.job_id(),
+                          token.run_lease(), postgres::one_line(PQresultErrorMessage(committed.get())));
+  const std::string state = PQresultErrorField(committed.get(), PG_DIAG_SQLSTATE);
+  const char* primary = PQresultErrorField(committed.get(), PG_DIAG_MESSAGE_PRIMARY);
+  std::string detail = "the COMMIT failed: " + std::string{primary ? primary : "(no message)"};
+  end_aborted();
+  return error{postgres::errc_from_sqlstate(state), std::move(detail), state};
 }
 
 }  // namespace tenure
