@@ -215,6 +215,10 @@ nlohmann::json run_caller_owned(const options& o, const std::string& schema) {
           // work: claims, and permits held until the evidence read answers).
           {"bare_cpu_ms_per_job", cpu_ms_per_job(bare.cpu, bare_rate)},
           {"caller_owned_cpu_ms_per_job", cpu_ms_per_job(owned_cpu, owned_rate)},
+          // The machine's context switches per job (every process): each round trip to the
+          // server and each hand-off between threads costs some on both sides.
+          {"bare_context_switches_per_job", rounded(bare.cpu.context_switches / o.jobs, 1)},
+          {"caller_owned_context_switches_per_job", rounded(owned_cpu.context_switches / o.jobs, 1)},
           {"bare_cpu_busy_pct", bare.cpu.busy_pct},
           {"caller_owned_cpu_busy_pct", owned_cpu.busy_pct},
           {"caller_owned_cpu_steal_pct", owned_cpu.steal_pct},

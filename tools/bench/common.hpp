@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -72,21 +73,23 @@ void wait_for(const std::function<bool()>& done, std::chrono::seconds limit, con
 struct cpu_share {
   double busy_pct = 0;
   double steal_pct = 0;  ///< taken by the hypervisor: a phase with high steal is not comparable
+  double context_switches = 0;  ///< the machine's, all processes (the `ctxt` line of /proc/stat)
 };
 
-/// Measures the machine's CPU (from /proc/stat) from its construction to share().
+/// Measures the machine's CPU and context switches (from /proc/stat) from its construction to share().
 class cpu_meter {
  public:
   cpu_share share() const {
     const auto now = read();
     const double total = now.total - start_.total;
     if (total <= 0) return {};
-    return {rounded((now.busy - start_.busy) / total * 100, 1), rounded((now.steal - start_.steal) / total * 100, 1)};
+    return {rounded((now.busy - start_.busy) / total * 100, 1), rounded((now.steal - start_.steal) / total * 100, 1),
+            now.ctxt - start_.ctxt};
   }
 
  private:
   struct times {
-    double busy = 0, steal = 0, total = 0;
+    double busy = 0, steal = 0, total = 0, ctxt = 0;
   };
   static times read() {
     std::ifstream stat("/proc/stat");
@@ -95,7 +98,14 @@ class cpu_meter {
     stat >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
     if (cpu != "cpu") return {};
     const double busy = user + nice + system + irq + softirq;
-    return {busy, steal, busy + idle + iowait + steal};
+    times t{busy, steal, busy + idle + iowait + steal, 0};
+    for (std::string line; std::getline(stat, line);) {
+      if (line.starts_with("ctxt ")) {
+        t.ctxt = std::strtod(line.c_str() + 5, nullptr);
+        break;
+      }
+    }
+    return t;
   }
   times start_ = read();
 };
