@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs bench/caller_owned_floor small against the test cluster and checks that every transaction
+# ran, that complete_job really closed attempts and the plain closures were written, and that its
+# schema is gone afterwards.
+set -euo pipefail
+script=$1 tenure=$2
+: "${TENURE_TEST_DSN:?the DSN of the test cluster}"
+count='SELECT count(*) FROM pg_namespace WHERE nspname LIKE $$cof\_%$$'
+before=$(psql -X -qAt "$TENURE_TEST_DSN" -c "$count")
+line=$("$script" --tenure "$tenure" --database-url "$TENURE_TEST_DSN" --clients 4 --seconds 1 --rounds 1)
+echo "$line"
+after=$(psql -X -qAt "$TENURE_TEST_DSN" -c "$count")
+python3 - "$line" "$before" "$after" <<'PY'
+import json, sys
+d, before, after = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+assert d["clients"] == 4 and d["rounds"] == 1 and d["seconds"] == 1, d
+assert d["bare_vs_bare"] == 1, d
+for k in ("lookup", "second_row", "closure", "complete"):
+    assert 0 < d[k + "_vs_bare"] < 5, (k, d)
+assert d["completed"] > 0 and d["plain_closures"] > 0, d
+assert after == before, f"cof schemas: {before} before, {after} after"
+print("caller_owned_floor: figures consistent")
+PY
