@@ -1,8 +1,10 @@
 #include "tenure/libpq.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 
 #include <spdlog/spdlog.h>
 
@@ -163,6 +165,24 @@ result<finalization_receipt> receipt_of(PGconn* conn, const finalization_token& 
   return bridges::receipt_from(token, num(0), num(1), num(2));
 }
 
+/// complete_job's statement and parameters for one token.
+struct completion_statement {
+  std::string token_text;
+  std::string sql;
+  std::optional<std::string> progress;
+  int count() const { return progress ? 2 : 1; }
+  std::array<const char*, 2> values() const { return {token_text.c_str(), progress ? progress->c_str() : nullptr}; }
+};
+
+/// What both completions check before anything is sent, and the statement they send.
+result<completion_statement> completion_for(PGconn* conn, const finalization_token& token,
+                                            const finalize_options& options, const char* what) {
+  TENURE_TRY(auto progress, bridges::prepare(token, options));
+  TENURE_TRYV(check_open_transaction(conn, token, what));
+  return completion_statement{token.to_string(), bridges::complete_sql(options.schema, progress.has_value()),
+                              std::move(progress)};
+}
+
 /// The next result of the pipeline and the null that ends its command (none for a sync).
 result_ptr next_result(PGconn* conn) {
   result_ptr res{PQgetResult(conn), &PQclear};
@@ -176,26 +196,20 @@ result_ptr next_result(PGconn* conn) {
 
 result<finalization_receipt> complete_in_tx(PGconn* conn, const finalization_token& token,
                                             const finalize_options& options) {
-  TENURE_TRY(auto progress, bridges::prepare(token, options));
-  TENURE_TRYV(check_open_transaction(conn, token, "complete_in_tx"));
-  const std::string token_text = token.to_string();
-  const std::string sql = bridges::complete_sql(options.schema, progress.has_value());
-  const char* params[2] = {token_text.c_str(), progress ? progress->c_str() : nullptr};
-  result_ptr res{PQexecParams(conn, sql.c_str(), progress ? 2 : 1, nullptr, params, nullptr, nullptr, 0), &PQclear};
+  TENURE_TRY(const auto st, completion_for(conn, token, options, "complete_in_tx"));
+  const auto params = st.values();
+  result_ptr res{PQexecParams(conn, st.sql.c_str(), st.count(), nullptr, params.data(), nullptr, nullptr, 0), &PQclear};
   return receipt_of(conn, token, res.get());
 }
 
 result<finalization_receipt> complete_and_commit(PGconn* conn, const finalization_token& token,
                                                  const finalize_options& options) {
-  TENURE_TRY(auto progress, bridges::prepare(token, options));
-  TENURE_TRYV(check_open_transaction(conn, token, "complete_and_commit"));
-  const std::string token_text = token.to_string();
-  const std::string sql = bridges::complete_sql(options.schema, progress.has_value());
-  const char* params[2] = {token_text.c_str(), progress ? progress->c_str() : nullptr};
+  TENURE_TRY(const auto st, completion_for(conn, token, options, "complete_and_commit"));
+  const auto params = st.values();
   // complete_job, COMMIT and a sync in one send. A refused complete_job makes the server skip the
   // COMMIT (the pipeline is aborted up to the sync), so the transaction cannot commit without it.
   if (PQenterPipelineMode(conn) != 1) return errc::protocol_error;
-  const bool sent = PQsendQueryParams(conn, sql.c_str(), progress ? 2 : 1, nullptr, params, nullptr, nullptr, 0) == 1 &&
+  const bool sent = PQsendQueryParams(conn, st.sql.c_str(), st.count(), nullptr, params.data(), nullptr, nullptr, 0) == 1 &&
                     PQsendQueryParams(conn, "COMMIT", 0, nullptr, nullptr, nullptr, nullptr, 0) == 1 &&
                     PQpipelineSync(conn) == 1;
   result_ptr completed = sent ? next_result(conn) : result_ptr{nullptr, &PQclear};

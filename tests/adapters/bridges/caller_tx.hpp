@@ -13,6 +13,7 @@
 
 #include "support/pg.hpp"
 #include "tenure/libpq.hpp"
+#include "tenure/postgres/store.hpp"
 #include "tenure/pqxx.hpp"
 #include "tenure/soci.hpp"
 
@@ -195,5 +196,42 @@ inline std::string bridge_name(const ::testing::TestParamInfo<bridge>& info) {
   }
   return "unknown";
 }
+
+/// A fresh schema with an `orders` table and a store, for the completion tests: one claimed
+/// attempt at a time, the caller's business row for it, and what the database then says.
+class claimed_attempts : public ::testing::Test {
+ protected:
+  explicit claimed_attempts(const char* prefix) : schema_{prefix} {}
+  void SetUp() override {
+    check_.exec("CREATE TABLE " + s("orders") + " (id serial PRIMARY KEY, job_id bigint, run_lease bigint)");
+    auto st = tenure::postgres::store::open({.dsn = schema_.dsn(), .schema = schema_.name()});
+    ASSERT_TRUE(st) << st.error().message();
+    store_ = std::move(st).value();
+    opts_.schema = schema_.name();
+  }
+  std::string s(const std::string& n) const { return schema_.name() + "." + n; }
+  /// Enqueues and claims one job; returns the claimed attempt.
+  claimed_attempt claim_one() {
+    EXPECT_TRUE(store_->enqueue({.kind = "charge", .queue = "q"}));
+    auto got = store_->claim("q", 1, "test");
+    EXPECT_TRUE(got && got.value().size() == 1);
+    return got.value().at(0);
+  }
+  /// The caller's business row for the attempt.
+  std::string insert_order(const claimed_attempt& c) {
+    return "INSERT INTO " + s("orders") + " (job_id, run_lease) VALUES (" + std::to_string(c.attempt.job_id) + ", " +
+           std::to_string(c.attempt.run_lease) + ")";
+  }
+  long orders() { return std::stol(check_.scalar("SELECT count(*) FROM " + s("orders"))); }
+  /// "<state> <attempt>" of the job.
+  std::string job(std::int64_t id) {
+    return check_.scalar("SELECT state || ' ' || attempt FROM " + s("jobs") + " WHERE id = $1", {std::to_string(id)});
+  }
+
+  scoped_schema schema_;
+  pg check_{schema_.dsn()};
+  std::unique_ptr<postgres::store> store_;
+  finalize_options opts_;
+};
 
 }  // namespace tenure::test

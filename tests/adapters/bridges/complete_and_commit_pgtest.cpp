@@ -9,6 +9,7 @@
 
 #include <sys/socket.h>
 
+#include "adapters/bridges/caller_tx.hpp"
 #include "support/fault_proxy.hpp"
 #include "support/pg.hpp"
 #include "tenure/libpq.hpp"
@@ -19,39 +20,12 @@ using tenure::errc;
 using tenure::finalization_token;
 using tenure::finalize_options;
 using tenure::test::pg;
-using tenure::test::scoped_schema;
 
 namespace {
 
-class complete_and_commit : public ::testing::Test {
+class complete_and_commit : public tenure::test::claimed_attempts {
  protected:
-  void SetUp() override {
-    check_.exec("CREATE TABLE " + s("orders") + " (id serial PRIMARY KEY, job_id bigint, run_lease bigint)");
-    auto st = tenure::postgres::store::open({.dsn = schema_.dsn(), .schema = schema_.name()});
-    ASSERT_TRUE(st) << st.error().message();
-    store_ = std::move(st).value();
-    opts_.schema = schema_.name();
-  }
-  std::string s(const std::string& n) const { return schema_.name() + "." + n; }
-  tenure::claimed_attempt claim_one() {
-    EXPECT_TRUE(store_->enqueue({.kind = "charge", .queue = "q"}));
-    auto got = store_->claim("q", 1, "test");
-    EXPECT_TRUE(got && got.value().size() == 1);
-    return got.value().at(0);
-  }
-  std::string insert_order(const tenure::claimed_attempt& c) {
-    return "INSERT INTO " + s("orders") + " (job_id, run_lease) VALUES (" + std::to_string(c.attempt.job_id) + ", " +
-           std::to_string(c.attempt.run_lease) + ")";
-  }
-  long orders() { return std::stol(check_.scalar("SELECT count(*) FROM " + s("orders"))); }
-  std::string job(std::int64_t id) {
-    return check_.scalar("SELECT state || ' ' || attempt FROM " + s("jobs") + " WHERE id = $1", {std::to_string(id)});
-  }
-
-  scoped_schema schema_{"cac"};
-  pg check_{schema_.dsn()};
-  std::unique_ptr<tenure::postgres::store> store_;
-  finalize_options opts_;
+  complete_and_commit() : claimed_attempts("cac") {}
 };
 
 TEST_F(complete_and_commit, commits_the_business_row_and_the_completion_together_and_leaves_the_connection_idle) {

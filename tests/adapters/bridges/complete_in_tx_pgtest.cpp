@@ -31,34 +31,14 @@ using tenure::test::scoped_schema;
 
 namespace {
 
-class complete_in_tx : public ::testing::TestWithParam<bridge> {
+class complete_in_tx : public tenure::test::claimed_attempts, public ::testing::WithParamInterface<bridge> {
  protected:
-  void SetUp() override {
-    check_.exec("CREATE TABLE " + s("orders") + " (id serial PRIMARY KEY, job_id bigint, run_lease bigint)");
-    auto st = tenure::postgres::store::open({.dsn = schema_.dsn(), .schema = schema_.name()});
-    ASSERT_TRUE(st) << st.error().message();
-    store_ = std::move(st).value();
-    opts_.schema = schema_.name();
-  }
+  complete_in_tx() : claimed_attempts("cit") {}
   std::unique_ptr<caller_tx> open_tx() { return open_tx(schema_.dsn()); }
   /// `dsn` may be a pooler's: the caller's connection then sets nothing on its server session.
   std::unique_ptr<caller_tx> open_tx(const std::string& dsn) {
     return tenure::test::open_caller_tx(GetParam(), dsn, dsn == schema_.dsn());
   }
-  std::string s(const std::string& n) const { return schema_.name() + "." + n; }
-  /// Enqueues and claims one job; returns the claimed attempt.
-  tenure::claimed_attempt claim_one() {
-    auto id = store_->enqueue({.kind = "charge", .queue = "q"});
-    EXPECT_TRUE(id);
-    auto got = store_->claim("q", 1, "test");
-    EXPECT_TRUE(got && got.value().size() == 1);
-    return got.value().at(0);
-  }
-  std::string insert_order(const tenure::claimed_attempt& c) {
-    return "INSERT INTO " + s("orders") + " (job_id, run_lease) VALUES (" + std::to_string(c.attempt.job_id) + ", " +
-           std::to_string(c.attempt.run_lease) + ")";
-  }
-  long orders() { return std::stol(check_.scalar("SELECT count(*) FROM " + s("orders"))); }
   /// A business write then complete_in_tx on a stale attempt: TN001 aborts the caller's
   /// transaction, so the write can never commit.
   void expect_stale_rolls_back_the_business_write(const tenure::claimed_attempt& c) {
@@ -92,14 +72,6 @@ class complete_in_tx : public ::testing::TestWithParam<bridge> {
     EXPECT_EQ(job(c.attempt.job_id), "running 1") << "the attempt stays open for a retry or for rescue";
     EXPECT_EQ(orders(), 0);
   }
-  std::string job(std::int64_t id) {
-    return check_.scalar("SELECT state || ' ' || attempt FROM " + s("jobs") + " WHERE id = $1", {std::to_string(id)});
-  }
-
-  scoped_schema schema_{"cit"};
-  pg check_{schema_.dsn()};
-  std::unique_ptr<tenure::postgres::store> store_;
-  finalize_options opts_;
 };
 
 TEST_P(complete_in_tx, commit_makes_the_business_row_and_the_completion_exist_together) {
