@@ -13,9 +13,9 @@ python3 - "$line" "$before" "$after" <<'PY'
 import json, sys
 d, before, after = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 assert d["jobs"] == 300 and d["rounds"] == 1, d
-for k in ("array_batch", "copy_staged", "copy_temp", "insert_floor", "copy_direct"):
+for k in ("array_batch", "copy_staged", "copy_temp", "insert_floor", "copy_direct", "copy_specs_only", "copy_layout_floor"):
     assert d[k + "_ms"] > 0, (k, d)
-for k in ("copy_staged", "copy_temp", "insert_floor", "copy_direct"):
+for k in ("copy_staged", "copy_temp", "insert_floor", "copy_direct", "copy_specs_only", "copy_layout_floor"):
     assert abs(d[k + "_speedup_over_array"] - d["array_batch_ms"] / d[k + "_ms"]) < 0.01, (k, d)
 assert after == before, f"enqfloor schemas: {before} before, {after} after"
 print("enqueue_floor: figures consistent")
