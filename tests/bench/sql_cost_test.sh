@@ -18,5 +18,8 @@ for k in ("enqueue_instructions_per_job", "claim_instructions_per_job",
           "complete_in_tx_instructions_per_job"):
     assert isinstance(d[k], int) and d[k] > 1000, f"{k} = {d[k]}"
 assert d["drain_instructions_per_job"] == d["claim_instructions_per_job"] + d["complete_instructions_per_job"], d
+assert d["producer_tx_instructions"] > d["enqueue_instructions_per_job"], d
+share = d["drain_instructions_per_job"] / (d["producer_tx_instructions"] + d["drain_instructions_per_job"])
+assert abs(d["drain_share_of_producer_and_drain"] - share) < 0.001, d
 print("sql_cost: figures consistent")
 PY
