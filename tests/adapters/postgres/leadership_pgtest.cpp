@@ -181,6 +181,66 @@ TEST_F(leadership, bad_arguments_raise_22023) {
   EXPECT_EQ(a_.scalar("SELECT term FROM " + s("leadership")), "0") << "nothing was taken";
 }
 
+// Two attempts of one claim, each with an attempt_state row (x's written first), both closed by a
+// completion while session a_ holds a REPEATABLE READ snapshot from before it: a heartbeat
+// statement whose snapshot predates a completion that committed under it (a runtime's heartbeat
+// of a batch that just flushed). The heartbeat locks y's row; the leader's sweep deletes x's.
+TEST_F(leadership, the_maintenance_pass_never_waits_on_attempt_state_rows_a_heartbeat_holds_and_never_deadlocks_with_it) {
+  a_.exec("SELECT " + s("enqueue") + "('k', '{}', 'q')");
+  a_.exec("SELECT " + s("enqueue") + "('k', '{}', 'q')");
+  const auto claimed = a_.exec("SELECT job_id, run_lease FROM " + s("claim_attempts") + "('q', 2, 'w') ORDER BY job_id");
+  ASSERT_EQ(claimed.rows.size(), 2u);
+  const struct {
+    std::string x, x_lease, y, y_lease;
+  } c{claimed.at(0, 0), claimed.at(0, 1), claimed.at(1, 0), claimed.at(1, 1)};
+  const auto heartbeat = [&](pg& session, const std::string& job, const std::string& lease) {
+    return session.query("SELECT * FROM " + s("heartbeat_batch") + "(ARRAY[$1]::bigint[], ARRAY[$2]::bigint[])",
+                         {job, lease});
+  };
+  ASSERT_EQ(heartbeat(a_, c.x, c.x_lease).rows.size(), 1u);
+  ASSERT_EQ(heartbeat(a_, c.y, c.y_lease).rows.size(), 1u);
+  ASSERT_EQ(acquire_as(b_, "b", "1 hour"), cell{"1"});
+
+  a_.exec("BEGIN ISOLATION LEVEL REPEATABLE READ");
+  a_.exec("SELECT 1");  // the snapshot: both attempts open
+  watch_.exec("SELECT " + s("complete_batch") + "(ARRAY[$1, $2]::bigint[], ARRAY[$3, $4]::bigint[])",
+              {c.x, c.y, c.x_lease, c.y_lease});
+  // a_'s heartbeat of y locks y's attempt_state row until a_ ends.
+  auto first = heartbeat(a_, c.y, c.y_lease);
+  ASSERT_TRUE(first.ok) << first.error;
+  ASSERT_EQ(first.rows.size(), 1u);
+
+  // The leader's pass sweeps the attempt_state of closed attempts: x's row now, y's (held) later.
+  const auto b_pid = b_.scalar("SELECT pg_backend_pid()");
+  std::atomic<bool> answered{false};
+  tenure::test::sql_result pass;
+  std::thread leader([&] {
+    pass = maintain(b_, "b", "1", "1 hour");
+    answered = true;
+  });
+  bool waiting = false;
+  for (int i = 0; i < 300 && !answered && !waiting; ++i) {
+    waiting = watch_.scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
+                            {b_pid}) == "1";
+    if (!answered && !waiting) std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_FALSE(waiting) << "the maintenance pass waited for the heartbeat's transaction";
+
+  // a_'s heartbeat of x, from the same snapshot: a pass that deleted x's row and waits for y's
+  // would close a cycle here (40P01 after deadlock_timeout).
+  auto second = heartbeat(a_, c.x, c.x_lease);
+  EXPECT_NE(second.sqlstate, "40P01") << second.error;
+  a_.query("ROLLBACK");
+  leader.join();
+  ASSERT_TRUE(pass.ok) << pass.sqlstate << ": " << pass.error;
+  EXPECT_EQ(watch_.scalar("SELECT count(*) FROM " + s("attempt_state") + " WHERE job_id = $1", {c.x}), "0")
+      << "the closed attempt's row is swept";
+
+  // With the heartbeat gone, the next pass sweeps y's row too.
+  ASSERT_TRUE(maintain(b_, "b", "1", "1 hour").ok);
+  EXPECT_EQ(watch_.scalar("SELECT count(*) FROM " + s("attempt_state")), "0");
+}
+
 TEST_F(leadership, operators_can_still_rescue_and_promote_by_hand_beside_a_leader) {
   ASSERT_EQ(acquire_as(a_, "a", "1 hour"), cell{"1"});
   b_.exec("SELECT " + s("enqueue") + "('k')");
