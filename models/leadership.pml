@@ -1,15 +1,17 @@
 /*
  * leadership.pml -- SPIN model of the maintenance leadership lease and its fencing
  * (docs/design.md section 5, "Maintenance"; SQL in adapters/postgres/sql/0007_leader_lease.sql,
- * maintain() as replaced last in 0012_schedules.sql).
+ * acquire_leadership() and maintain() as replaced last in 0027_renewal_beside_the_pass.sql).
  *
- * The lease is one row (holder, term, expires_at). acquire_leadership renews an unexpired lease
- * for its holder (same term) or takes an expired one (term + 1), in one UPDATE that waits for the
- * row's locks; release_leadership ends the holder's term now. maintain(holder, term) is the
- * leader-only pass: it locks the row FOR SHARE and goes on only if (holder, term) is the row's
- * and unexpired (else TN004, nothing changed), then promotes, enqueues due schedule slots,
- * rescues and prunes in the same transaction; the share lock keeps every acquire and release
- * waiting until the pass commits.
+ * The lease is one row (holder, term, expires_at). maintain(holder, term) is the leader-only
+ * pass: it locks the row FOR KEY SHARE and goes on only if (holder, term) is the row's and
+ * unexpired (else TN004, nothing changed), then promotes, enqueues due schedule slots, rescues and
+ * prunes in the same transaction. acquire_leadership renews its holder's unexpired lease (same
+ * term) by an UPDATE of expires_at alone, which does not wait for that lock; answers NULL at once
+ * for another holder's unexpired lease; and takes an expired one (term + 1) only under FOR UPDATE,
+ * which waits until every pass holding the key-share lock has committed. release_leadership ends
+ * the holder's term now, also without waiting. A runtime renews and releases from one session
+ * while its pass runs on another, so a leader may renew or release in the middle of its own pass.
  *
  * Processes (each step is one SQL statement or one atomic server action):
  *   leader (x2)  holders 1 and 2 (names unique to a runtime instance): acquire_leadership,
@@ -33,6 +35,9 @@
  * @mutant term_only -DMUTANT_TERM_ONLY
  *         maintain checks the term and the expiry but not the holder (caught only through a
  *         failover, which issues a term number again)
+ * @mutant takeover_no_wait -DMUTANT_TAKEOVER_NO_WAIT -DNO_FAILOVER
+ *         a takeover of an expired lease does not wait for the key-share lock of an open pass
+ *         (as if renewal, release and takeover all changed only non-key columns unlocked)
  */
 
 #define NOBODY 0
@@ -50,7 +55,7 @@
 #define REPLAYS  1      /* times the standby catches up before the failover */
 #endif
 
-/* maintain's check of the caller, on the lease row it locks FOR SHARE */
+/* maintain's check of the caller, on the lease row it locks FOR KEY SHARE */
 #if defined(MUTANT_NO_FENCE)
 #define FENCE_OK(me, t) true
 #elif defined(MUTANT_TERM_ONLY)
@@ -76,7 +81,14 @@ byte sb_enqueued = 0;
 byte sb_last_pass = 0;
 
 /* ---- locks and time (not replicated) ---- */
-byte share = 0;          /* passes holding the lease row FOR SHARE */
+byte share = 0;          /* passes holding the lease row FOR KEY SHARE */
+
+/* a takeover locks the row FOR UPDATE first: it waits for every key-share lock */
+#ifdef MUTANT_TAKEOVER_NO_WAIT
+#define TAKEOVER_MAY_GO true
+#else
+#define TAKEOVER_MAY_GO (share == 0)
+#endif
 byte sched_lock = NOBODY;/* holder of the schedule row's lock (an open pass) */
 byte due = 0;            /* the latest schedule slot that is due */
 byte timeline = 0;       /* +1 at the failover */
@@ -86,23 +98,26 @@ proctype leader(byte me) {
   byte passes = 0;
   byte tl = 0;           /* timeline of the open pass */
   byte slot = 0;         /* the slot the open pass enqueues (0: none) */
-  bool locked = false;   /* the open pass took the lease row FOR SHARE */
+  bool locked = false;   /* the open pass took the lease row FOR KEY SHARE */
 end_idle:
   do
-  :: atomic {            /* acquire_leadership(me, ttl): waits for the row's share locks */
-       share == 0 ->
+  :: atomic {            /* acquire_leadership(me, ttl) */
        if
-       :: holder == me && !expired -> myterm = term             /* renewed, same term */
-       :: expired && term < MAX_TERM ->                         /* taken over: term + 1 */
-          term++;
-          holder = me;
-          expired = false;
-          myterm = term
-       :: else -> myterm = 0                                    /* NULL: another holds it */
+       :: holder == me && !expired -> myterm = term             /* renewed, same term: no wait */
+       :: holder != me && !expired -> myterm = 0                /* NULL at once: another holds it */
+       :: expired && TAKEOVER_MAY_GO ->                         /* FOR UPDATE, then decide */
+          if
+          :: term < MAX_TERM ->                                 /* taken over: term + 1 */
+             term++;
+             holder = me;
+             expired = false;
+             myterm = term
+          :: else -> myterm = 0                                 /* (bound of the exploration) */
+          fi
        fi
      }
-  :: atomic {            /* release_leadership(me, myterm) (a runtime that stops) */
-       share == 0 && myterm != 0 ->
+  :: atomic {            /* release_leadership(me, myterm) (a runtime that stops): no wait */
+       myterm != 0 ->
        if
        :: holder == me && term == myterm && !expired -> expired = true
        :: else -> skip
@@ -136,6 +151,13 @@ end_idle:
           :: else -> skip                    /* the slot is taken already */
           fi
        :: else -> skip                       /* locked by another pass: skipped */
+       fi
+     };
+     atomic {            /* the same runtime's signal session, while the pass is open */
+       if
+       :: holder == me && !expired -> skip                       /* renewal: same term */
+       :: holder == me && term == myterm && !expired -> expired = true   /* release */
+       :: true -> skip                                           /* neither */
        fi
      };
      atomic {            /* COMMIT of the pass */

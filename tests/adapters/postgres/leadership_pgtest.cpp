@@ -149,6 +149,55 @@ TEST_F(leadership, a_takeover_waits_for_the_pass_of_the_current_term_to_commit) 
   EXPECT_EQ(b_term, cell{"2"});
 }
 
+TEST_F(leadership, the_holder_renews_its_lease_while_its_own_pass_is_open_without_waiting_for_it) {
+  ASSERT_EQ(acquire_as(a_, "a", "1 hour"), cell{"1"});
+  const auto expiry = [&] { return watch_.scalar("SELECT expires_at FROM " + s("leadership")); };
+  // The pass runs on one session of the runtime (a pool connection), inside its transaction ...
+  a_.exec("BEGIN");
+  ASSERT_TRUE(maintain(a_, "a", "1", "1 hour").ok);
+  const auto before = expiry();
+  // ... and the renewal comes from another (the runtime's signal session).
+  b_.exec("SET lock_timeout = '2s'");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto renewed = b_.query("SELECT " + s("acquire_leadership") + "('a', '1 hour')");
+  const auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_TRUE(renewed.ok) << renewed.sqlstate << ": " << renewed.error;
+  EXPECT_EQ(renewed.rows.at(0).at(0), cell{"1"}) << "a renewal keeps the term";
+  EXPECT_LT(took, 1s) << "the renewal waited for the pass";
+  EXPECT_NE(expiry(), before) << "the lease was extended";
+  EXPECT_EQ(acquire_as(watch_, "b", "1 hour"), cell{}) << "another holder still gets nothing";
+  a_.exec("COMMIT");
+  EXPECT_EQ(watch_.scalar("SELECT holder || ' ' || term FROM " + s("leadership")), "a 1");
+}
+
+TEST_F(leadership, a_release_does_not_wait_for_the_holders_pass_and_the_takeover_after_it_still_does) {
+  ASSERT_EQ(acquire_as(a_, "a", "1 hour"), cell{"1"});
+  a_.exec("BEGIN");
+  ASSERT_TRUE(maintain(a_, "a", "1", "1 hour").ok);
+  b_.exec("SET lock_timeout = '2s'");
+  ASSERT_EQ(b_.scalar("SELECT " + s("release_leadership") + "('a', 1)"), "t");
+  std::atomic<bool> answered{false};
+  cell taken;
+  pg taker_session{schema_.dsn()};
+  const auto taker_pid = taker_session.scalar("SELECT pg_backend_pid()");
+  std::thread taker([&] {
+    taken = acquire_as(taker_session, "c", "1 hour");
+    answered = true;
+  });
+  bool waiting = false;
+  for (int i = 0; i < 500 && !waiting; ++i) {
+    waiting = watch_.scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
+                            {taker_pid}) == "1";
+    if (!waiting) std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_TRUE(waiting) << "the takeover did not wait for the open pass of term 1";
+  EXPECT_FALSE(answered.load());
+  a_.exec("COMMIT");
+  taker.join();
+  EXPECT_EQ(taken, cell{"2"});
+  EXPECT_EQ(watch_.scalar("SELECT holder || ' ' || term FROM " + s("leadership")), "c 2");
+}
+
 TEST_F(leadership, sessions_racing_for_an_expired_lease_never_both_win) {
   constexpr int k_sessions = 6;
   std::vector<std::unique_ptr<pg>> sessions;
