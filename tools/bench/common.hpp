@@ -66,7 +66,7 @@ enqueue_path_rates enqueue_paths(const std::string& dsn, const std::string& sche
 /// The runtime settings of every drain: one queue, large batches, short flush delay.
 runtime_config drain_config(const options& o);
 std::unique_ptr<runtime> make_runtime(const std::string& dsn, const std::string& schema, runtime_config cfg);
-/// Polls `done` until it holds; throws "bench: timed out waiting for <what>" after `limit`.
+/// Polls `done` once a millisecond until it holds; throws "bench: timed out waiting for <what>" after `limit`.
 void wait_for(const std::function<bool()>& done, std::chrono::seconds limit, const char* what);
 
 /// Shares of the whole machine's CPU, in percent.
