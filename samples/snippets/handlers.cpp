@@ -145,9 +145,18 @@ void caller_owned_one_round_trip(std::unique_ptr<tenure::runtime>& rt, libpq_poo
     const std::string id = std::to_string(a.order_id);
     const char* params[1] = {id.c_str()};
     // [snippet:complete_and_commit]
-    PGconn* c = my_pool.acquire();
-    PQclear(PQexec(c, "BEGIN"));
-    PQclear(PQexecParams(c, "UPDATE orders SET state = 'paid' WHERE id = $1", 1, nullptr, params, nullptr, nullptr, 0));
+    PGconn* c = my_pool.acquire();  // one of the application's own connections
+    const auto ok = [](PGresult* r) {
+      const bool done = PQresultStatus(r) == PGRES_COMMAND_OK;
+      PQclear(r);
+      return done;
+    };
+    if (!ok(PQexec(c, "BEGIN")) ||
+        !ok(PQexecParams(c, "UPDATE orders SET state = 'paid' WHERE id = $1", 1, nullptr, params, nullptr, nullptr, 0))) {
+      ctx.note_failure(PQerrorMessage(c));  // the error recorded with the retry
+      PQclear(PQexec(c, "ROLLBACK"));
+      return tenure::errc::database_error;  // retried with the queue's backoff
+    }
     return ctx.complete_and_commit(c);  // complete_job + COMMIT in one send; the transaction is over
     // [/snippet:complete_and_commit]
   });
