@@ -134,6 +134,7 @@ result<std::vector<rescued_attempt>> store::rescue_stale(std::chrono::microsecon
       job_state next = job_state::available;
       if (r->attempt < r->max_attempts) {  // available at once; the attempt counts
         r->run_at = now;
+        if (r->resume_payload) r->attempt += 1;  // a continuation stays one, as the next attempt
         insert(s, table::ready, *r);
       } else if (policy_of(s, r->queue).dead_letter) {
         insert(s, table::dead_letter, *r, nullptr, now);

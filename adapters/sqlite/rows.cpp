@@ -153,6 +153,11 @@ std::optional<job_row> load(soci::session& s, table t, std::int64_t id) {
   if (!s.got_data()) return std::nullopt;
   r.last_error = to_std(last_error);
   r.progress = to_std(progress);
+  if (t == table::ready || t == table::deferred) {
+    opt<std::string> resume_payload;
+    s << "SELECT resume_payload FROM " << name_of(t) << " WHERE id = :id", soci::into(resume_payload), soci::use(id);
+    r.resume_payload = to_std(resume_payload);
+  }
   return r;
 }
 
@@ -184,6 +189,12 @@ void insert(soci::session& s, table t, const job_row& r, const char* state,
   st.exchange(soci::use(last_error, "last_error"));
   st.exchange(soci::use(progress, "progress"));
   st.exchange(soci::use(r.metadata, "metadata"));
+  const opt<std::string> resume_payload = to_boost(r.resume_payload);
+  if (t == table::ready || t == table::deferred) {
+    columns += ", resume_payload";
+    values += ", :resume_payload";
+    st.exchange(soci::use(resume_payload, "resume_payload"));
+  }
   const std::string state_text = state ? state : "";
   if (state) {
     columns += ", state";
@@ -205,21 +216,22 @@ void insert(soci::session& s, table t, const job_row& r, const char* state,
 
 std::optional<job_row> take_receipt(soci::session& s, attempt_id a) {
   job_row r;
-  opt<std::string> last_error, progress;
+  opt<std::string> last_error, progress, resume_payload;
   s << "SELECT r.job_id, r.queue, r.kind, r.args, r.priority, r.attempt, r.max_attempts,"
        "       r.run_lease, r.run_at, r.created_at, r.last_error, coalesce(s.progress, r.progress),"
-       "       r.metadata"
+       "       r.metadata, r.resume_payload"
        "  FROM receipts r LEFT JOIN attempt_state s"
        "    ON s.job_id = r.job_id AND s.run_lease = r.run_lease"
        " WHERE r.job_id = :job_id AND r.run_lease = :run_lease",
       soci::into(r.id), soci::into(r.queue), soci::into(r.kind), soci::into(r.args),
       soci::into(r.priority), soci::into(r.attempt), soci::into(r.max_attempts),
       soci::into(r.run_lease), soci::into(r.run_at), soci::into(r.created_at),
-      soci::into(last_error), soci::into(progress), soci::into(r.metadata), soci::use(a.job_id, "job_id"),
-      soci::use(a.run_lease, "run_lease");
+      soci::into(last_error), soci::into(progress), soci::into(r.metadata), soci::into(resume_payload),
+      soci::use(a.job_id, "job_id"), soci::use(a.run_lease, "run_lease");
   if (!s.got_data()) return std::nullopt;
   r.last_error = to_std(last_error);
   r.progress = to_std(progress);
+  r.resume_payload = to_std(resume_payload);
   s << "DELETE FROM attempt_state WHERE job_id = :job_id AND run_lease = :run_lease",
       soci::use(a.job_id, "job_id"), soci::use(a.run_lease, "run_lease");
   s << "DELETE FROM callbacks WHERE job_id = :job_id AND run_lease = :run_lease",
@@ -281,8 +293,8 @@ std::int64_t promote(soci::session& s, std::int64_t now, const opt<std::string>&
   const std::string due =
       "SELECT id FROM deferred WHERE (:queue IS NULL OR queue = :queue) AND run_at <= :now"
       " ORDER BY run_at, id LIMIT :max_jobs";
-  s << "INSERT INTO ready (" << k_job_columns << ") SELECT " << k_job_columns
-    << " FROM deferred WHERE id IN (" << due << ")",
+  s << "INSERT INTO ready (" << k_job_columns << ", resume_payload) SELECT " << k_job_columns
+    << ", resume_payload FROM deferred WHERE id IN (" << due << ")",
       soci::use(queue, "queue"), soci::use(now, "now"), soci::use(max_jobs, "max_jobs");
   soci::statement del = (s.prepare << "DELETE FROM deferred WHERE id IN (" + due + ")",
                          soci::use(queue, "queue"), soci::use(now, "now"),
@@ -362,6 +374,8 @@ result<job_state> fail_in_tx(soci::session& s, std::mt19937_64& rng, attempt_id 
     const std::int64_t delay = retry_after ? std::max<std::int64_t>(retry_after->count(), 0)
                                            : backoff_us(policy, r->attempt, rng);
     r->run_at = saturating_add(now, delay);
+    // A failed continuation is retried as the same continuation, as the next attempt.
+    if (r->resume_payload) r->attempt += 1;
     insert(s, table::deferred, *r, "retryable");
     return result<job_state>(job_state::retryable);
   }
@@ -401,9 +415,8 @@ void continue_parked(soci::session& s, attempt_id a, const std::string& payload,
   auto r = take_receipt(s, a);
   if (!r) return;
   r->run_at = now;
+  r->resume_payload = payload;
   insert(s, table::ready, *r);
-  s << "UPDATE ready SET resume_payload = :payload WHERE id = :id", soci::use(payload, "payload"),
-      soci::use(r->id, "id");
 }
 
 std::string draw_callback_id(std::random_device& source) {

@@ -130,6 +130,9 @@ struct job_row {
   std::int64_t run_lease = 0, run_at = 0, created_at = 0;
   std::optional<std::string> last_error, progress;
   std::string metadata = "{}";
+  /// A parked attempt's continuation: the callback's payload, kept in ready, deferred and
+  /// receipts (not in done or dead_letter) until the job ends.
+  std::optional<std::string> resume_payload;
 };
 
 inline constexpr const char* k_job_columns =

@@ -28,7 +28,8 @@ const std::vector<std::string>& schema_statements() {
       " priority INTEGER NOT NULL, attempt INTEGER NOT NULL, max_attempts INTEGER NOT NULL,"
       " run_lease INTEGER NOT NULL, run_at INTEGER NOT NULL, created_at INTEGER NOT NULL,"
       " last_error TEXT, progress TEXT, metadata TEXT NOT NULL DEFAULT '{}',"
-      " state TEXT NOT NULL CHECK (state IN ('scheduled', 'retryable')))",
+      " state TEXT NOT NULL CHECK (state IN ('scheduled', 'retryable')),"
+      " resume_payload TEXT)",  // a continuation retried or snoozed (as in ready)
       "CREATE INDEX deferred_queue_due_idx ON deferred (queue, run_at)",
       "CREATE INDEX deferred_due_idx ON deferred (run_at)",
       "CREATE TABLE receipts ("
@@ -39,6 +40,7 @@ const std::vector<std::string>& schema_statements() {
       " worker TEXT, last_error TEXT, progress TEXT,"
       " secret TEXT NOT NULL,"  // the attempt's secret, 32 hex digits
       " metadata TEXT NOT NULL DEFAULT '{}',"
+      " resume_payload TEXT,"  // a continuation's payload (PostgreSQL: claims.resume_payloads)
       " PRIMARY KEY (job_id, run_lease))",
       // No foreign key, as in the SQL; this fake deletes an attempt's row when it closes.
       "CREATE TABLE attempt_state ("

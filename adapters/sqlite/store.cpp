@@ -141,10 +141,9 @@ result<std::vector<claimed_attempt>> store::claim(std::string_view queue, int ma
     out_t claimed;
     claimed.reserve(ids.size());
     for (std::int64_t id : ids) {
-      opt<std::string> resume_payload;
-      s << "SELECT resume_payload FROM ready WHERE id = :id", soci::into(resume_payload), soci::use(id);
       auto r = take(s, table::ready, id);
       if (!r) continue;  // cannot happen under the write lock; be safe anyway
+      const opt<std::string> resume_payload = to_boost(r->resume_payload);
       r->run_lease += 1;  // every claim is a new attempt, the continuation of a parked one too
       if (!resume_payload) r->attempt += 1;  // a continuation keeps its attempt number
       const opt<std::string> last_error = to_boost(r->last_error), progress = to_boost(r->progress);
@@ -152,9 +151,9 @@ result<std::vector<claimed_attempt>> store::claim(std::string_view queue, int ma
       const std::string secret_text = secret.to_string();
       s << "INSERT INTO receipts (job_id, run_lease, queue, kind, args, priority, attempt,"
            " max_attempts, run_at, created_at, claimed_at, deadline_at, worker, last_error,"
-           " progress, secret, metadata) VALUES (:id, :run_lease, :queue, :kind, :args, :priority,"
-           " :attempt, :max_attempts, :run_at, :created_at, :now, :deadline, :worker, :last_error,"
-           " :progress, :secret, :metadata)",
+           " progress, secret, metadata, resume_payload) VALUES (:id, :run_lease, :queue, :kind, :args,"
+           " :priority, :attempt, :max_attempts, :run_at, :created_at, :now, :deadline, :worker,"
+           " :last_error, :progress, :secret, :metadata, :resume_payload)",
           soci::use(r->id, "id"), soci::use(r->run_lease, "run_lease"),
           soci::use(r->queue, "queue"), soci::use(r->kind, "kind"), soci::use(r->args, "args"),
           soci::use(r->priority, "priority"), soci::use(r->attempt, "attempt"),
@@ -162,7 +161,8 @@ result<std::vector<claimed_attempt>> store::claim(std::string_view queue, int ma
           soci::use(r->created_at, "created_at"), soci::use(now, "now"),
           soci::use(deadline, "deadline"), soci::use(worker_name, "worker"),
           soci::use(last_error, "last_error"), soci::use(progress, "progress"),
-          soci::use(secret_text, "secret"), soci::use(r->metadata, "metadata");
+          soci::use(secret_text, "secret"), soci::use(r->metadata, "metadata"),
+          soci::use(resume_payload, "resume_payload");
       claimed.push_back(claimed_attempt{
           .attempt = {r->id, r->run_lease},
           .queue = r->queue,
@@ -254,7 +254,7 @@ result<void> store::snooze(attempt_id attempt, std::chrono::microseconds delay) 
   return transact<void>(*state_, tx_mode::write, [&](soci::session& s, std::int64_t now) {
     auto r = take_receipt(s, attempt);
     if (!r) return result<void>(errc::stale_attempt);
-    r->attempt -= 1;  // the attempt is given back
+    if (!r->resume_payload) r->attempt -= 1;  // the attempt is given back (a continuation keeps its own)
     if (delay.count() <= 0) {
       r->run_at = now;
       insert(s, table::ready, *r);

@@ -1543,6 +1543,45 @@ TEST_P(storage_contract, a_parked_attempt_is_continued_by_a_new_run_lease_with_i
   EXPECT_EQ(read(id).state, job_state::completed);
 }
 
+TEST_P(storage_contract, a_continuation_given_back_rescued_or_retried_stays_a_continuation_with_its_payload) {
+  new_job j = make_job();
+  j.max_attempts = 3;
+  const auto id = add(j);
+  const auto c = claim_one();
+  const auto cb = must(db().register_callback(c.attempt, 1h));
+  ASSERT_EQ(must(db().park_callback(c.attempt, cb)), park_result::parked);
+  ASSERT_TRUE(must(db().resume_callback(cb, R"({"approved": "yes"})")));
+  const json payload = {{"approved", "yes"}};
+
+  // Given back by a stopping runtime: the same attempt, the same payload.
+  const auto first = claim_one();
+  ASSERT_EQ(first.attempt_number, 1);
+  must(db().snooze(first.attempt, 0us));
+  EXPECT_EQ(read(id).attempt, 1);
+  const auto second = claim_one();
+  EXPECT_EQ(second.attempt.job_id, id);
+  EXPECT_EQ(second.attempt_number, 1) << "a give-back spends no attempt";
+  EXPECT_EQ(json::parse(second.resumed_with.value_or("null")), payload);
+
+  // Its worker died: rescued, and continued again as the next attempt.
+  ASSERT_THAT(rescue_all(), SizeIs(1));
+  EXPECT_EQ(read(id).state, job_state::available);
+  const auto third = claim_one();
+  EXPECT_EQ(third.attempt_number, 2) << "the rescued attempt counts";
+  EXPECT_EQ(json::parse(third.resumed_with.value_or("null")), payload) << "the callback's answer survives the rescue";
+
+  // It failed: retried as the same continuation, as the next attempt.
+  ASSERT_EQ(must(db().fail(third.attempt, "boom", fail_disposition::retry, 0us)), job_state::retryable);
+  const auto fourth = claim_one();
+  EXPECT_EQ(fourth.attempt_number, 3);
+  EXPECT_EQ(json::parse(fourth.resumed_with.value_or("null")), payload) << "the callback's answer survives the retry";
+
+  // Out of attempts, the job fails and the payload ends with it.
+  ASSERT_EQ(must(db().fail(fourth.attempt, "boom", fail_disposition::retry, 0us)), job_state::failed);
+  EXPECT_EQ(read(id).state, job_state::failed);
+  EXPECT_THAT(claim(), IsEmpty());
+}
+
 TEST_P(storage_contract, an_ordinary_claim_has_no_resume_payload) {
   add(make_job());
   EXPECT_FALSE(claim_one().resumed_with);

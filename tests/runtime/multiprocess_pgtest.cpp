@@ -201,6 +201,13 @@ class multiprocess_pg : public ::testing::Test {
   bool logged(const worker& w, const std::string& needle) {
     return read_file(w.err_path).find(needle) != std::string::npos;
   }
+  /// True once no session of worker `name` is left on the server (10 s at most).
+  bool sessions_gone(const std::string& name) {
+    return poll_until([&] {
+      return scalar_long("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'tenure-mp-" + name + "'") == 0;
+    }, 10s);
+  }
+
   void wait_ready(worker& w) {
     ASSERT_TRUE(poll_until([&] { return printed(w, "ready\n") || reap(w, 0ms); }, 30s))
         << "worker " << w.name << " did not start";
@@ -739,6 +746,9 @@ TEST_F(multiprocess_pg, a_parked_attempt_survives_its_worker_killed_and_is_conti
   // The parked attempt needs nothing of w1: kill it without letting it stop.
   ASSERT_EQ(::kill(w1.pid, SIGKILL), 0);
   ASSERT_TRUE(reap(w1, 10s));
+  // A statement w1 sent just before it died (an idle poll's claim) runs on in its session; once it
+  // has, nothing of w1 can take the continuation (that case is the next test's).
+  ASSERT_TRUE(sessions_gone("w1"));
   const auto cb = db_.scalar("SELECT callback_id FROM " + s("attempt_state") + " WHERE job_id = $1", {id});
   EXPECT_EQ(db_.scalar("SELECT " + s("resume_callback") + "($1::uuid, '{\"approved\": \"yes\"}')", {cb}), "t");
   EXPECT_EQ(db_.scalar("SELECT state || ':' || attempt FROM " + s("jobs") + " WHERE id = $1", {id}), "available:1");
@@ -758,6 +768,46 @@ TEST_F(multiprocess_pg, a_parked_attempt_survives_its_worker_killed_and_is_conti
   const auto tr = expect_trace_holds();
   EXPECT_EQ(tr.by_transition.value("waiting_external->available", 0), 1) << "the resume";
   EXPECT_EQ(tr.by_transition.value("available->running", 0), 2) << "the claim, then the continuation";
+}
+
+TEST_F(multiprocess_pg, a_continuation_whose_worker_is_killed_is_rescued_and_continued_with_its_payload_elsewhere) {
+  record_trace();
+  db_.exec("CREATE TABLE " + s("executions") +
+           " (job_id bigint NOT NULL, run_lease bigint NOT NULL, worker text NOT NULL,"
+           "  at timestamptz NOT NULL DEFAULT clock_timestamp())");
+  workers_.reserve(2);
+  worker& w1 = spawn("w1");
+  wait_ready(w1);
+  const auto id = db_.scalar("SELECT " + s("enqueue") + "('park_hold', '{}', 'default', 2, NULL, 3)");
+  ASSERT_TRUE(poll_until([&] { return db_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {id}) ==
+                                      "waiting_external"; },
+                         30s))
+      << "w1 never parked the job";
+  const auto cb = db_.scalar("SELECT callback_id FROM " + s("attempt_state") + " WHERE job_id = $1", {id});
+  EXPECT_EQ(db_.scalar("SELECT " + s("resume_callback") + "($1::uuid, '{\"approved\": \"yes\"}')", {cb}), "t");
+  // w1 continues the attempt and holds it: two executions, the continuation running.
+  ASSERT_TRUE(poll_until([&] { return scalar_long("SELECT count(*) FROM " + s("executions") + " WHERE job_id = " + id) == 2; },
+                         30s))
+      << "w1 never continued the resumed attempt";
+  EXPECT_EQ(db_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {id}), "running");
+  // The process dies in the middle of the continuation; another one is started.
+  ASSERT_EQ(::kill(w1.pid, SIGKILL), 0);
+  ASSERT_TRUE(reap(w1, 10s));
+  worker& w2 = spawn("w2");
+  wait_ready(w2);
+  // w2 rescues the silent continuation (staleness 2 s) and runs it again with the callback's
+  // answer, as the next attempt: it completes, and no second callback is registered.
+  ASSERT_TRUE(poll_until(
+      [&] { return db_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {id}) == "completed"; }, 30s))
+      << "the rescued continuation was not continued with its payload: "
+      << db_.scalar("SELECT state || ':' || attempt FROM " + s("jobs") + " WHERE id = $1", {id});
+  EXPECT_EQ(db_.scalar("SELECT attempt || ':' || (progress->>'approved') FROM " + s("jobs") + " WHERE id = $1", {id}),
+            "2:yes");
+  EXPECT_EQ(db_.scalar("SELECT string_agg(worker, ',' ORDER BY at) || '/' || count(DISTINCT run_lease) FROM " +
+                           s("executions") + " WHERE job_id = $1",
+                       {id}),
+            "w1,w1,w2/3");
+  expect_trace_holds();
 }
 
 }  // namespace

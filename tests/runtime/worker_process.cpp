@@ -11,7 +11,9 @@
 // span lies inside the attempt's claim and completion. Kind "park" records its
 // execution, then registers a callback (timeout 60 s) and parks on it (job_outcome::park); the
 // continuation (resumed_with() set) records its execution again and completes with the payload
-// as its progress. Kind "charge" is caller-owned: on a connection of its own it opens a
+// as its progress. Kind "park_hold" parks as "park" does; its continuation records its execution,
+// then holds for up to 60 s (or until cancelled) when it runs as the parked attempt (attempt 1),
+// and completes with the payload as its progress when it runs as a later one. Kind "charge" is caller-owned: on a connection of its own it opens a
 // transaction, inserts its business row into <schema>.orders (job_id, run_lease), completes the
 // attempt in that transaction (complete_in_tx), works 1-3 ms, then commits; the first attempt of
 // a job whose id is a multiple of 7 rolls back instead and reports an error (so it is retried);
@@ -224,6 +226,17 @@ int main(int argc, char** argv) {
   rt->handle("park", [&recorder](tenure::job_context& ctx) {
     recorder.record(ctx.job_id(), ctx.run_lease());
     if (auto payload = ctx.resumed_with()) return tenure::job_outcome::completed(*payload);
+    auto cb = ctx.register_callback(60s);
+    if (!cb) return tenure::job_outcome::retry("register_callback: " + cb.error().message());
+    return tenure::job_outcome::park(cb.value());
+  });
+
+  rt->handle("park_hold", [&recorder](tenure::job_context& ctx) {
+    recorder.record(ctx.job_id(), ctx.run_lease());
+    if (auto payload = ctx.resumed_with()) {
+      if (ctx.attempt() == 1) ctx.wait_cancelled(60s);
+      return tenure::job_outcome::completed(*payload);
+    }
     auto cb = ctx.register_callback(60s);
     if (!cb) return tenure::job_outcome::retry("register_callback: " + cb.error().message());
     return tenure::job_outcome::park(cb.value());

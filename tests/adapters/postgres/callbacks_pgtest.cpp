@@ -431,4 +431,107 @@ TEST_F(callbacks, a_token_from_before_a_park_never_closes_the_continuation_claim
   }
 }
 
+/// A parked attempt resumed with `payload`, then continued by a claim: the continuation's
+/// attempt, its number and the payload the claim handed over.
+struct continuation {
+  std::string job_id, run_lease, attempt, payload;
+};
+
+class continuations : public callbacks {
+ protected:
+  continuation claim_continuation() {
+    auto r = db_.exec("SELECT job_id, run_lease, attempt, resume_payload::text FROM " + s("claim_attempts") +
+                      "('default', 1)");
+    if (r.rows.size() != 1) throw std::runtime_error("expected one claimed job");
+    return {r.at(0, 0), r.at(0, 1), r.at(0, 2), r.rows[0][3].value_or("<null>")};
+  }
+  /// Enqueues, claims, parks on a callback, resumes it with {"approved": "yes"}, claims the
+  /// continuation.
+  continuation parked_and_resumed(int max_attempts = 5) {
+    auto a = start(max_attempts);
+    const auto id = register_cb(a);
+    if (db_.scalar("SELECT " + s("park_callback") + "($1, $2, $3::uuid)", {a.job_id, a.run_lease, id}) != "parked") {
+      throw std::runtime_error("not parked");
+    }
+    if (resume(id, R"({"approved": "yes"})") != "t") throw std::runtime_error("not resumed");
+    return claim_continuation();
+  }
+};
+
+TEST_F(continuations, a_rescued_continuation_is_claimed_again_with_its_payload_as_the_next_attempt) {
+  const auto c = parked_and_resumed();
+  EXPECT_EQ(c.attempt, "1") << "a continuation runs as the parked attempt";
+  EXPECT_EQ(c.payload, R"({"approved": "yes"})");
+  // Its worker died: nothing heartbeats it, and rescue puts it back.
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(rescue("1 millisecond"), "1");
+  EXPECT_EQ(db_.scalar("SELECT state || ':' || attempt FROM " + s("jobs") + " WHERE id = $1", {c.job_id}),
+            "available:2");
+  const auto again = claim_continuation();
+  EXPECT_EQ(again.job_id, c.job_id);
+  EXPECT_EQ(again.attempt, "2") << "the rescued attempt counts";
+  EXPECT_EQ(again.payload, R"({"approved": "yes"})") << "the callback's answer survives the rescue";
+  // The rescued lease is stale; the new one completes the job.
+  EXPECT_TRUE(db_.exec("SELECT * FROM " + s("complete_batch") + "(ARRAY[$1::bigint], ARRAY[$2::bigint])",
+                       {c.job_id, c.run_lease})
+                  .rows.empty());
+  EXPECT_EQ(db_.exec("SELECT * FROM " + s("complete_batch") + "(ARRAY[$1::bigint], ARRAY[$2::bigint])",
+                     {again.job_id, again.run_lease})
+                .rows.size(),
+            1u);
+  EXPECT_EQ(db_.scalar("SELECT state || ':' || attempt FROM " + s("jobs") + " WHERE id = $1", {c.job_id}),
+            "completed:2");
+}
+
+TEST_F(continuations, a_continuation_rescued_on_its_last_attempt_fails_and_its_payload_ends_with_it) {
+  const auto c = parked_and_resumed(1);
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(rescue("1 millisecond"), "1");
+  EXPECT_EQ(db_.scalar("SELECT state || ':' || attempt FROM " + s("jobs") + " WHERE id = $1", {c.job_id}), "failed:1");
+  EXPECT_TRUE(db_.exec("SELECT * FROM " + s("claim_attempts") + "('default', 1)").rows.empty());
+}
+
+TEST_F(continuations, a_snoozed_continuation_is_claimed_again_with_its_payload_as_the_same_attempt) {
+  for (const std::string delay : {"0 seconds", "10 milliseconds"}) {
+    SCOPED_TRACE(delay);
+    const auto c = parked_and_resumed();
+    // A stopping runtime gives the continuation back (no attempt spent), at once or later.
+    EXPECT_EQ(db_.scalar("SELECT " + s("snooze_attempt") + "($1, $2, $3::interval)", {c.job_id, c.run_lease, delay}),
+              "t");
+    EXPECT_EQ(db_.scalar("SELECT attempt FROM " + s("jobs") + " WHERE id = $1", {c.job_id}), "1");
+    std::this_thread::sleep_for(30ms);
+    const auto again = claim_continuation();
+    EXPECT_EQ(again.job_id, c.job_id);
+    EXPECT_EQ(again.attempt, "1");
+    EXPECT_EQ(again.payload, R"({"approved": "yes"})");
+    EXPECT_EQ(db_.exec("SELECT * FROM " + s("complete_batch") + "(ARRAY[$1::bigint], ARRAY[$2::bigint])",
+                       {again.job_id, again.run_lease})
+                  .rows.size(),
+              1u);
+  }
+}
+
+TEST_F(continuations, a_failed_continuation_is_retried_with_its_payload_as_the_next_attempt) {
+  const auto c = parked_and_resumed();
+  EXPECT_EQ(db_.scalar("SELECT " + s("fail_attempt") + "($1, $2, 'boom', false, '10 milliseconds')",
+                       {c.job_id, c.run_lease}),
+            "retryable");
+  EXPECT_EQ(db_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {c.job_id}), "retryable");
+  std::this_thread::sleep_for(30ms);
+  const auto again = claim_continuation();  // the claim promotes the due retry first
+  EXPECT_EQ(again.job_id, c.job_id);
+  EXPECT_EQ(again.attempt, "2");
+  EXPECT_EQ(again.payload, R"({"approved": "yes"})") << "the callback's answer survives the retry";
+  // An ordinary attempt's retry still carries no payload.
+  auto plain = start();
+  EXPECT_EQ(db_.scalar("SELECT " + s("fail_attempt") + "($1, $2, 'boom', false, '0 seconds')",
+                       {plain.job_id, plain.run_lease}),
+            "retryable");
+  std::this_thread::sleep_for(5ms);
+  const auto retried = claim_continuation();
+  EXPECT_EQ(retried.job_id, plain.job_id);
+  EXPECT_EQ(retried.attempt, "2");
+  EXPECT_EQ(retried.payload, "<null>");
+}
+
 }  // namespace
