@@ -1304,9 +1304,27 @@ TEST_F(cli_pg, bench_runtime_drains_every_job_with_batched_commits) {
   EXPECT_GT(j.at("wal_bytes_per_job").get<double>(), 0);
   EXPECT_GE(j.at("pickup_p99_ms").get<double>(), j.at("pickup_p50_ms").get<double>());
   EXPECT_GE(j.at("cpu_steal_pct").get<double>(), 0);
+  EXPECT_EQ(j.at("checkpoint_first"), false);
+  EXPECT_GE(j.at("drain_checkpoint_buffers").get<double>(), 0);
+  EXPECT_GE(j.at("pickup_checkpoint_buffers").get<double>(), 0);
   EXPECT_EQ(j.at("schema_kept"), false);
   pg in_own{own.dsn()};
   EXPECT_FALSE(schema_exists(in_own, j)) << "the bench schema is dropped after the run";
+}
+
+TEST_F(cli_pg, bench_runtime_checkpoint_first_checkpoints_before_the_run_and_says_so) {
+  own_database own{*db_, dsn_};
+  const auto requested_checkpoints = [&] {
+    db_->exec("SELECT pg_stat_clear_snapshot()");
+    return std::stol(db_->exec("SELECT checkpoints_req FROM pg_stat_bgwriter").value());
+  };
+  const auto before = requested_checkpoints();
+  const auto j = run_bench(own.dsn(), {"--mode", "runtime", "--jobs", "200", "--pickup-samples", "3", "--checkpoint-first"});
+  EXPECT_EQ(j.at("checkpoint_first"), true);
+  EXPECT_EQ(j.at("jobs"), 200);
+  // A CHECKPOINT command counts as a requested checkpoint (other tests may request more).
+  EXPECT_GT(requested_checkpoints(),
+            before);
 }
 
 TEST_F(cli_pg, bench_runtime_times_the_callers_array_and_copy_enqueue_side_by_side) {

@@ -33,6 +33,9 @@ struct options {
   /// caller-owned: the handlers call complete_in_tx and then COMMIT (two round trips) instead of
   /// complete_and_commit (one).
   bool separate_commit = false;
+  /// runtime: a CHECKPOINT before the run, so that no checkpoint an earlier run started is still
+  /// writing through this one (needs the pg_checkpoint role or a superuser).
+  bool checkpoint_first = false;
   /// runtime: the metadata every job carries (what a claim returns with each job).
   nlohmann::json metadata = nlohmann::json::object();
 };

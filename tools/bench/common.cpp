@@ -39,6 +39,12 @@ db_counters read_counters(pg_session& s) {
   return {std::stod(*rows.at(0).at(0)), std::stod(*rows.at(0).at(1))};
 }
 
+double checkpoint_buffers(pg_session& s) {
+  s.query("SELECT pg_stat_clear_snapshot()", {}, "bench: stats");
+  auto rows = s.query("SELECT buffers_checkpoint::float8 FROM pg_stat_bgwriter", {}, "bench: checkpoint counters");
+  return std::stod(*rows.at(0).at(0));
+}
+
 void settle() { std::this_thread::sleep_for(600ms); }
 
 double percentile(std::vector<double> v, double p) {

@@ -43,6 +43,9 @@ struct db_counters {
   double commits = 0;
 };
 db_counters read_counters(pg_session& s);
+/// Buffers written by checkpoints so far (pg_stat_bgwriter.buffers_checkpoint, which a spread
+/// checkpoint reports as it goes): a phase during which it grew ran beside a checkpoint's writes.
+double checkpoint_buffers(pg_session& s);
 /// Lets exited backends publish their stats before a reading.
 void settle();
 double percentile(std::vector<double> v, double p);

@@ -14,6 +14,9 @@ using namespace std::chrono_literals;
 
 nlohmann::json run_runtime(const options& o, const std::string& schema) {
   pg_session admin(o.dsn);
+  // A 1,000,000-job run writes ~800 MB of WAL, past the default max_wal_size, so the checkpoint
+  // it sets off is spread over minutes and may still be writing through the next run.
+  if (o.checkpoint_first) admin.query("CHECKPOINT", {}, "bench: --checkpoint-first");
   // Jobs of another queue that nobody serves: they wait through the drain and the pickups, so the
   // claim path runs beside a large ready table.
   if (o.waiting > 0) enqueue_batches(o.dsn, schema, static_cast<int>(o.waiting), "noop", o.metadata, k_waiting_queue);
@@ -27,6 +30,7 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
   const auto statements_before = by_statement ? by_statement->read({"claim_attempts", "complete_batch"})
                                               : statement_wal::reading{};
 
+  const double drain_checkpoint_before = checkpoint_buffers(admin);
   auto rt = make_runtime(o.dsn, schema, drain_config(o));
   std::atomic<std::int64_t> last_start_ns{0}, last_job{0};
   rt->handle("noop", [&](job_context& ctx) {
@@ -66,7 +70,9 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
     return job_outcome::completed();
   });
   if (!idle_rt->start()) throw std::runtime_error("bench: runtime did not start");
+  const double pickup_checkpoint_before = checkpoint_buffers(admin);
   auto lat = pickup_latencies(o.dsn, schema, last_start_ns, last_job, o.pickup_samples);
+  const double pickup_checkpoint_after = checkpoint_buffers(admin);
   idle_rt->stop();
   idle_rt.reset();
 
@@ -87,6 +93,12 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
           {"pickup_p50_ms", percentile(lat, 0.50)},
           {"pickup_p95_ms", percentile(lat, 0.95)},
           {"pickup_p99_ms", percentile(lat, 0.99)},
+          // Buffers checkpoints wrote from the drain's start to the first pickup, and while the
+          // pickups were timed: a checkpoint's writes slow every durable commit, the claims that
+          // start jobs too.
+          {"checkpoint_first", o.checkpoint_first},
+          {"drain_checkpoint_buffers", std::round(pickup_checkpoint_before - drain_checkpoint_before)},
+          {"pickup_checkpoint_buffers", std::round(pickup_checkpoint_after - pickup_checkpoint_before)},
           // The drain's WAL (claims, completions and the rest, enqueue excluded), then its split;
           // the split is null where the server does not load pg_stat_statements.
           {"wal_bytes_per_job", std::round(drain_wal)},

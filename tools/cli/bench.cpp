@@ -85,6 +85,8 @@ void register_bench(CLI::App& app, context& ctx) {
   cmd->add_flag("--keep-schema", opts->keep_schema, "Keep the bench schema for inspection");
   cmd->add_flag("--separate-commit", opts->separate_commit,
                 "caller-owned: handlers call complete_in_tx, then COMMIT (two round trips), not complete_and_commit");
+  cmd->add_flag("--checkpoint-first", opts->checkpoint_first,
+                "runtime: CHECKPOINT before the run, so that no earlier run's checkpoint writes through it");
   cmd->add_flag("--notify-always", opts->notify_always,
                 "enqueue-single: every enqueue pays for a NOTIFY (the per-commit design, for comparison)");
   cmd->callback([&ctx, opts, metadata_text] {
