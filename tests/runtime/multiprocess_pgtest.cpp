@@ -201,6 +201,24 @@ class multiprocess_pg : public ::testing::Test {
   bool logged(const worker& w, const std::string& needle) {
     return read_file(w.err_path).find(needle) != std::string::npos;
   }
+  /// Records a trace and the handlers' executions, waits for `w` to be ready, enqueues one job of
+  /// `kind` (3 attempts) and waits until `w` has parked it; returns its id ("" after a failure).
+  std::string parked_by(worker& w, const std::string& kind) {
+    record_trace();
+    db_.exec("CREATE TABLE " + s("executions") +
+             " (job_id bigint NOT NULL, run_lease bigint NOT NULL, worker text NOT NULL,"
+             "  at timestamptz NOT NULL DEFAULT clock_timestamp())");
+    wait_ready(w);
+    const auto id = db_.scalar("SELECT " + s("enqueue") + "($1, '{}', 'default', 2, NULL, 3)", {kind});
+    if (!poll_until([&] { return db_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {id}) ==
+                                 "waiting_external"; },
+                    30s)) {
+      ADD_FAILURE() << w.name << " never parked the job";
+      return {};
+    }
+    return id;
+  }
+
   /// True once no session of worker `name` is left on the server (10 s at most).
   bool sessions_gone(const std::string& name) {
     return poll_until([&] {
@@ -731,18 +749,10 @@ TEST_F(queue_limits_mp, three_processes_claim_within_the_token_bucket_and_reach_
 }
 
 TEST_F(multiprocess_pg, a_parked_attempt_survives_its_worker_killed_and_is_continued_by_another_process) {
-  record_trace();
-  db_.exec("CREATE TABLE " + s("executions") +
-           " (job_id bigint NOT NULL, run_lease bigint NOT NULL, worker text NOT NULL,"
-           "  at timestamptz NOT NULL DEFAULT clock_timestamp())");
   workers_.reserve(2);
   worker& w1 = spawn("w1");
-  wait_ready(w1);
-  const auto id = db_.scalar("SELECT " + s("enqueue") + "('park', '{}', 'default', 2, NULL, 3)");
-  ASSERT_TRUE(poll_until([&] { return db_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {id}) ==
-                                      "waiting_external"; },
-                         30s))
-      << "w1 never parked the job";
+  const auto id = parked_by(w1, "park");
+  ASSERT_FALSE(id.empty());
   // The parked attempt needs nothing of w1: kill it without letting it stop.
   ASSERT_EQ(::kill(w1.pid, SIGKILL), 0);
   ASSERT_TRUE(reap(w1, 10s));
@@ -771,18 +781,10 @@ TEST_F(multiprocess_pg, a_parked_attempt_survives_its_worker_killed_and_is_conti
 }
 
 TEST_F(multiprocess_pg, a_continuation_whose_worker_is_killed_is_rescued_and_continued_with_its_payload_elsewhere) {
-  record_trace();
-  db_.exec("CREATE TABLE " + s("executions") +
-           " (job_id bigint NOT NULL, run_lease bigint NOT NULL, worker text NOT NULL,"
-           "  at timestamptz NOT NULL DEFAULT clock_timestamp())");
   workers_.reserve(2);
   worker& w1 = spawn("w1");
-  wait_ready(w1);
-  const auto id = db_.scalar("SELECT " + s("enqueue") + "('park_hold', '{}', 'default', 2, NULL, 3)");
-  ASSERT_TRUE(poll_until([&] { return db_.scalar("SELECT state FROM " + s("jobs") + " WHERE id = $1", {id}) ==
-                                      "waiting_external"; },
-                         30s))
-      << "w1 never parked the job";
+  const auto id = parked_by(w1, "park_hold");
+  ASSERT_FALSE(id.empty());
   const auto cb = db_.scalar("SELECT callback_id FROM " + s("attempt_state") + " WHERE job_id = $1", {id});
   EXPECT_EQ(db_.scalar("SELECT " + s("resume_callback") + "($1::uuid, '{\"approved\": \"yes\"}')", {cb}), "t");
   // w1 continues the attempt and holds it: two executions, the continuation running.
