@@ -142,22 +142,27 @@ const char* name_of(table t) noexcept {
   return "";
 }
 
+namespace {
+
+/// Whether rows of `t` keep a continuation's resume payload (the waiting tables do; finished
+/// ones do not).
+bool keeps_resume_payload(table t) noexcept { return t == table::ready || t == table::deferred; }
+
+}  // namespace
+
 std::optional<job_row> load(soci::session& s, table t, std::int64_t id) {
   job_row r;
-  opt<std::string> last_error, progress;
-  s << "SELECT " << k_job_columns << " FROM " << name_of(t) << " WHERE id = :id",
+  opt<std::string> last_error, progress, resume_payload;
+  s << "SELECT " << k_job_columns << (keeps_resume_payload(t) ? ", resume_payload" : ", NULL") << " FROM "
+    << name_of(t) << " WHERE id = :id",
       soci::into(r.id), soci::into(r.queue), soci::into(r.kind), soci::into(r.args),
       soci::into(r.priority), soci::into(r.attempt), soci::into(r.max_attempts),
       soci::into(r.run_lease), soci::into(r.run_at), soci::into(r.created_at),
-      soci::into(last_error), soci::into(progress), soci::into(r.metadata), soci::use(id);
+      soci::into(last_error), soci::into(progress), soci::into(r.metadata), soci::into(resume_payload), soci::use(id);
   if (!s.got_data()) return std::nullopt;
   r.last_error = to_std(last_error);
   r.progress = to_std(progress);
-  if (t == table::ready || t == table::deferred) {
-    opt<std::string> resume_payload;
-    s << "SELECT resume_payload FROM " << name_of(t) << " WHERE id = :id", soci::into(resume_payload), soci::use(id);
-    r.resume_payload = to_std(resume_payload);
-  }
+  r.resume_payload = to_std(resume_payload);
   return r;
 }
 
@@ -190,7 +195,7 @@ void insert(soci::session& s, table t, const job_row& r, const char* state,
   st.exchange(soci::use(progress, "progress"));
   st.exchange(soci::use(r.metadata, "metadata"));
   const opt<std::string> resume_payload = to_boost(r.resume_payload);
-  if (t == table::ready || t == table::deferred) {
+  if (keeps_resume_payload(t)) {
     columns += ", resume_payload";
     values += ", :resume_payload";
     st.exchange(soci::use(resume_payload, "resume_payload"));
