@@ -1323,8 +1323,7 @@ TEST_F(cli_pg, bench_runtime_checkpoint_first_checkpoints_before_the_run_and_say
   EXPECT_EQ(j.at("checkpoint_first"), true);
   EXPECT_EQ(j.at("jobs"), 200);
   // A CHECKPOINT command counts as a requested checkpoint (other tests may request more).
-  EXPECT_GT(requested_checkpoints(),
-            before);
+  EXPECT_GT(requested_checkpoints(), before);
 }
 
 TEST_F(cli_pg, bench_runtime_times_the_callers_array_and_copy_enqueue_side_by_side) {

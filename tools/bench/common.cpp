@@ -33,16 +33,11 @@ std::string random_hex() {
 db_counters read_counters(pg_session& s) {
   s.query("SELECT pg_stat_clear_snapshot()", {}, "bench: stats");
   auto rows = s.query(
-      "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8, xact_commit::float8 "
+      "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8, xact_commit::float8, "
+      "(SELECT buffers_checkpoint::float8 FROM pg_stat_bgwriter) "
       "FROM pg_stat_database WHERE datname = current_database()",
       {}, "bench: counters");
-  return {std::stod(*rows.at(0).at(0)), std::stod(*rows.at(0).at(1))};
-}
-
-double checkpoint_buffers(pg_session& s) {
-  s.query("SELECT pg_stat_clear_snapshot()", {}, "bench: stats");
-  auto rows = s.query("SELECT buffers_checkpoint::float8 FROM pg_stat_bgwriter", {}, "bench: checkpoint counters");
-  return std::stod(*rows.at(0).at(0));
+  return {std::stod(*rows.at(0).at(0)), std::stod(*rows.at(0).at(1)), std::stod(*rows.at(0).at(2))};
 }
 
 void settle() { std::this_thread::sleep_for(600ms); }

@@ -41,11 +41,12 @@ std::string random_hex();
 struct db_counters {
   double wal_bytes = 0;
   double commits = 0;
+  /// Buffers written by checkpoints in the whole cluster (pg_stat_bgwriter.buffers_checkpoint,
+  /// which a spread checkpoint reports as it goes): a phase during which it grew ran beside a
+  /// checkpoint's writes.
+  double checkpoint_buffers = 0;
 };
 db_counters read_counters(pg_session& s);
-/// Buffers written by checkpoints so far (pg_stat_bgwriter.buffers_checkpoint, which a spread
-/// checkpoint reports as it goes): a phase during which it grew ran beside a checkpoint's writes.
-double checkpoint_buffers(pg_session& s);
 /// Lets exited backends publish their stats before a reading.
 void settle();
 double percentile(std::vector<double> v, double p);

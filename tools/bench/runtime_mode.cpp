@@ -30,7 +30,6 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
   const auto statements_before = by_statement ? by_statement->read({"claim_attempts", "complete_batch"})
                                               : statement_wal::reading{};
 
-  const double drain_checkpoint_before = checkpoint_buffers(admin);
   auto rt = make_runtime(o.dsn, schema, drain_config(o));
   std::atomic<std::int64_t> last_start_ns{0}, last_job{0};
   rt->handle("noop", [&](job_context& ctx) {
@@ -70,9 +69,9 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
     return job_outcome::completed();
   });
   if (!idle_rt->start()) throw std::runtime_error("bench: runtime did not start");
-  const double pickup_checkpoint_before = checkpoint_buffers(admin);
+  const auto pickups_before = read_counters(admin);
   auto lat = pickup_latencies(o.dsn, schema, last_start_ns, last_job, o.pickup_samples);
-  const double pickup_checkpoint_after = checkpoint_buffers(admin);
+  const auto pickups_after = read_counters(admin);
   idle_rt->stop();
   idle_rt.reset();
 
@@ -97,8 +96,8 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
           // pickups were timed: a checkpoint's writes slow every durable commit, the claims that
           // start jobs too.
           {"checkpoint_first", o.checkpoint_first},
-          {"drain_checkpoint_buffers", std::round(pickup_checkpoint_before - drain_checkpoint_before)},
-          {"pickup_checkpoint_buffers", std::round(pickup_checkpoint_after - pickup_checkpoint_before)},
+          {"drain_checkpoint_buffers", std::round(pickups_before.checkpoint_buffers - before.checkpoint_buffers)},
+          {"pickup_checkpoint_buffers", std::round(pickups_after.checkpoint_buffers - pickups_before.checkpoint_buffers)},
           // The drain's WAL (claims, completions and the rest, enqueue excluded), then its split;
           // the split is null where the server does not load pg_stat_statements.
           {"wal_bytes_per_job", std::round(drain_wal)},
