@@ -13,9 +13,10 @@
 // continuation (resumed_with() set) records its execution again and completes with the payload
 // as its progress. Kind "park_hold" parks as "park" does; its continuation records its execution,
 // then holds for up to 60 s (or until cancelled) when it runs as the parked attempt (attempt 1),
-// and completes with the payload as its progress when it runs as a later one. Kind "charge" is caller-owned: on a connection of its own it opens a
-// transaction, inserts its business row into <schema>.orders (job_id, run_lease), completes the
-// attempt in that transaction (complete_in_tx), works 1-3 ms, then commits; the first attempt of
+// and completes with the payload as its progress when it runs as a later one. Kind "charge" is
+// caller-owned: on a connection of its own it opens a transaction, inserts its business row into
+// <schema>.orders (job_id, run_lease), completes the attempt in that transaction
+// (complete_in_tx), works 1-3 ms, then commits; the first attempt of
 // a job whose id is a multiple of 7 rolls back instead and reports an error (so it is retried);
 // once a COMMIT was acknowledged it prints "acked <job_id> <run_lease>" on stdout.
 // With "no-maintenance"
