@@ -5,7 +5,9 @@
 # completion, a drain within 350 bytes per job, record bytes that add up to the phase's total, and
 # no schema left;
 # then the same for the append-only prototype (--layout compact): no delete, no row per job; and
-# for the ledger prototype (--layout ledger): no job copied after enqueue, within 350 bytes.
+# for the ledger prototype (--layout ledger): no job copied after enqueue, within 350 bytes; and for
+# its variant with one closure row per claim and flush (--layout ledger-ranges): the same claim,
+# and a completion of no row per job that writes less than a tenth of the keyed one.
 set -euo pipefail
 script=$1 tenure=$2
 : "${TENURE_TEST_DSN:?the DSN of the test cluster}"
@@ -17,13 +19,16 @@ compact=$("$script" --tenure "$tenure" --jobs 400 --batch 100 --layout compact)
 echo "$compact"
 ledger=$("$script" --tenure "$tenure" --jobs 400 --batch 100 --layout ledger)
 echo "$ledger"
+ranges=$("$script" --tenure "$tenure" --jobs 400 --batch 100 --layout ledger-ranges)
+echo "$ranges"
 after=$(psql -X -qAt "$TENURE_TEST_DSN" -c "$count")
-python3 - "$lines" "$before" "$after" "$compact" "$ledger" <<'PY'
+python3 - "$lines" "$before" "$after" "$compact" "$ledger" "$ranges" <<'PY'
 import json, sys
 phases = [json.loads(l) for l in sys.argv[1].splitlines()]
 before, after = int(sys.argv[2]), int(sys.argv[3])
 compact = {p["phase"]: p for p in map(json.loads, sys.argv[4].splitlines())}
 ledger = {p["phase"]: p for p in map(json.loads, sys.argv[5].splitlines())}
+ranges = {p["phase"]: p for p in map(json.loads, sys.argv[6].splitlines())}
 assert [p["phase"] for p in phases] == ["enqueue", "claim", "completion"], phases
 assert all(p["layout"] == "shipped" for p in phases), phases
 assert list(compact) == ["enqueue", "claim", "completion"], compact
@@ -48,6 +53,16 @@ assert 0.99 <= ledger["completion"]["records"]["Heap/INSERT"]["records_per_job"]
 assert ledger["claim"]["bytes_per_job"] + ledger["completion"]["bytes_per_job"] <= 350, ledger
 assert ledger["enqueue"]["records"]["Heap/INSERT"]["records_per_job"] >= 1.9, ledger["enqueue"]
 assert compact["claim"]["bytes_per_job"] < shipped["claim"]["bytes_per_job"] / 2, (compact, shipped)
+# One closure row per claim and flush: the claim as in the ledger prototype, a completion of four
+# rows (400 jobs, claims and flushes of 100) that writes under a tenth of the per-attempt rows.
+assert list(ranges) == ["enqueue", "claim", "completion"], ranges
+assert all(p["layout"] == "ledger-ranges" for p in ranges.values()), ranges
+assert abs(ranges["claim"]["bytes_per_job"] - ledger["claim"]["bytes_per_job"]) < 0.1 * ledger["claim"]["bytes_per_job"], (ranges, ledger)
+rows = sum(ranges["completion"]["records"].get(t, {}).get("records_per_job", 0) for t in ("Heap/INSERT", "Heap/INSERT+INIT"))
+assert 0 < rows <= 0.02, ranges["completion"]
+assert ranges["completion"]["bytes_per_job"] - ranges["completion"]["fpi_bytes_per_job"] < ledger["completion"]["bytes_per_job"] / 10, (ranges, ledger)
+for p in list(ranges.values()) + list(ledger.values()) + phases:
+    assert p["ms"] > 0, p
 for p in phases:
     r = p["records"]
     assert p["jobs"] == 400 and p["bytes_per_job"] > 0, p
