@@ -15,7 +15,10 @@
 /// Any other language calls `SELECT * FROM tenure.complete_job('<token text>')` itself.
 ///
 /// Whatever the handler returns, the runtime then reads the attempt's durable evidence before it
-/// releases anything: the database, not the handler's return value, decides.
+/// releases anything: the database, not the handler's return value, decides. The one exception
+/// is a receipt whose COMMIT the bridge itself saw the server answer (`committed()`, made by
+/// libpq's `complete_and_commit`): that answer is the durable evidence, and the runtime settles
+/// the attempt as completed without reading it again.
 #include <optional>
 #include <string>
 
@@ -32,8 +35,8 @@ struct receipt_access;  // defined by the bridges only: handlers cannot make a r
 }
 
 /// Proof that `complete_job` accepted an attempt inside some transaction: the attempt and the
-/// terminal evidence the database returned. It says nothing about whether that transaction then
-/// committed; the runtime checks that against durable evidence.
+/// terminal evidence the database returned. Unless `committed()`, it says nothing about whether
+/// that transaction then committed; the runtime checks that against durable evidence.
 class finalization_receipt {
  public:
   const attempt_id& attempt() const noexcept { return token_.attempt(); }
@@ -41,12 +44,18 @@ class finalization_receipt {
   const finalization_token& token() const noexcept { return token_; }
   /// `completed_at` as the server recorded it (its transaction's start time).
   time_point completed_at() const noexcept { return completed_at_; }
+  /// Whether the call that made this receipt also sent the transaction's COMMIT and the server
+  /// answered it (`complete_and_commit`): the completion and the business writes are committed.
+  /// False for `complete_in_tx`, whose transaction the caller still commits (or not).
+  bool committed() const noexcept { return committed_; }
 
  private:
   friend struct detail::receipt_access;
-  finalization_receipt(const finalization_token& t, time_point at) noexcept : token_(t), completed_at_(at) {}
+  finalization_receipt(const finalization_token& t, time_point at, bool committed) noexcept
+      : token_(t), completed_at_(at), committed_(committed) {}
   finalization_token token_;
   time_point completed_at_;
+  bool committed_ = false;
 };
 
 /// Where and how a bridge calls the SQL contract.

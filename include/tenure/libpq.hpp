@@ -70,7 +70,8 @@ result<finalization_receipt> complete_in_tx(PGconn* conn, const finalization_tok
 /// COMMIT costs. `conn` must be inside a transaction the caller opened with BEGIN, idle and not
 /// in pipeline mode (errc::protocol_error otherwise, nothing sent). Unlike complete_in_tx, this
 /// call ends the transaction:
-///   - a receipt: the server answered the COMMIT; the business writes and the completion committed.
+///   - a receipt (`committed()` true): the server answered the COMMIT; the business writes and the
+///     completion committed, and the runtime settles the attempt without reading its evidence.
 ///   - errc::stale_attempt (TN001), errc::malformed_token (TN002) or another refusal of
 ///     complete_job: the server skipped the COMMIT; this call rolled the transaction back and
 ///     nothing of it committed.

@@ -256,7 +256,10 @@ result<finalization_receipt> complete_and_commit(PGconn* conn, const finalizatio
   auto receipt = receipt_of(conn, token, completed.get());
   if (committed && PQresultStatus(committed.get()) == PGRES_COMMAND_OK &&
       std::string_view{PQcmdStatus(committed.get())} == "COMMIT") {
-    return receipt;  // a receipt_of error here is an answer naming another attempt: committed anyway
+    // The server answered the COMMIT: the receipt says so. A receipt_of error here is an answer
+    // naming another attempt: committed anyway, and the runtime reads the evidence.
+    if (!receipt) return receipt;
+    return detail::receipt_access::committed(receipt.value());
   }
   if (lost || !committed || PQresultErrorField(committed.get(), PG_DIAG_SQLSTATE) == nullptr) return in_doubt();
   // The server refused the COMMIT (a serialization failure, a deferred constraint...): the

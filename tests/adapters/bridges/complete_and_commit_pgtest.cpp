@@ -46,6 +46,24 @@ TEST_F(complete_and_commit, commits_the_business_row_and_the_completion_together
   EXPECT_EQ(caller.scalar("SELECT 41 + 1"), "42") << "the connection is usable afterwards";
 }
 
+TEST_F(complete_and_commit, its_receipt_says_the_server_committed_and_complete_in_tx_receipts_do_not) {
+  const auto a = claim_one();
+  pg caller{schema_.dsn()};
+  caller.exec("BEGIN");
+  auto committed = tenure::complete_and_commit(caller.native(), a.token(), opts_);
+  ASSERT_TRUE(committed) << committed.error().message();
+  EXPECT_TRUE(committed.value().committed());
+
+  const auto b = claim_one();
+  caller.exec("BEGIN");
+  auto in_tx = tenure::complete_in_tx(caller.native(), b.token(), opts_);
+  ASSERT_TRUE(in_tx) << in_tx.error().message();
+  EXPECT_FALSE(in_tx.value().committed()) << "the caller has not committed yet";
+  caller.exec("ROLLBACK");
+  EXPECT_EQ(store_->reconcile(b.attempt).value(), tenure::attempt_evidence::open);
+  EXPECT_EQ(store_->reconcile(a.attempt).value(), tenure::attempt_evidence::completed_by_this);
+}
+
 // One round trip: the COMMIT leaves the client before the server's first answer is read. The
 // client's protocol trace shows every frontend message of the call (complete_job's, the COMMIT's,
 // the sync) ahead of the first backend message.
