@@ -9,7 +9,9 @@
  *   worker        claim_attempts (claim to running, run_lease + 1); the caller-owned handler:
  *                 BEGIN, business write, complete_job(token) in the same transaction, then COMMIT,
  *                 ROLLBACK, crash, or COMMIT whose acknowledgement is lost; afterwards the
- *                 runtime's reconciliation: attempt_evidence, and fail_attempt when still open.
+ *                 runtime's reconciliation: a receipt whose COMMIT the bridge saw answered
+ *                 (complete_and_commit) is accepted as it is; any other exit reads
+ *                 attempt_evidence, and fail_attempt runs when the attempt is still open.
  *   rescue        rescue_attempts (FOR UPDATE SKIP LOCKED: a running attempt whose row is locked
  *                 by an open completion is skipped; heartbeat staleness is nondeterministic).
  *   admin_cancel  cancel_job: cancels an available job at once; for a running one it reads the
@@ -34,6 +36,9 @@
  * Mutants (models/check.sh --mutant NAME); each line is read by check.sh:
  * @mutant guardless -DMUTANT
  *         complete_job without its guard (no check of the token's run lease or the job's state)
+ * @mutant trust_receipt -DTRUST_RECEIPT
+ *         the runtime accepts any receipt without reading evidence, also one of complete_in_tx
+ *         whose transaction the handler then rolled back
  */
 
 /* job states (tenure.jobs.state); scheduled/retryable/waiting_external are abstracted into
@@ -56,8 +61,10 @@
 #endif
 
 /* handler exit as seen by the runtime */
-#define OUT_RECEIPT 1   /* complete_in_tx succeeded and COMMIT was acknowledged */
-#define OUT_ERROR   2   /* error, exception, TN001, rollback, or COMMIT with a lost ack */
+#define OUT_RECEIPT   1 /* a receipt of complete_in_tx: the statement ran; its transaction may
+                           since have committed, rolled back, or lost its COMMIT's answer */
+#define OUT_ERROR     2 /* error, exception, TN001, rollback, or COMMIT with a lost ack */
+#define OUT_COMMITTED 3 /* a receipt of complete_and_commit: the server answered its COMMIT */
 
 /* ---- committed database state of the one job ---- */
 byte job_state  = AVAILABLE;
@@ -131,14 +138,18 @@ end_idle:
                 completion_pending = false
               }
               if
-              :: outcome = OUT_RECEIPT  /* ack received: handler returns the receipt */
-              :: outcome = OUT_ERROR    /* server committed, client saw a connection error */
+              :: outcome = OUT_COMMITTED /* complete_and_commit saw the server's answer */
+              :: outcome = OUT_RECEIPT   /* complete_in_tx, then the handler's own COMMIT */
+              :: outcome = OUT_ERROR     /* server committed, client saw a connection error */
               fi
            :: atomic {              /* ROLLBACK (handler error/exception after complete_in_tx) */
                 row_locked = false;
                 business_pending = false;
                 completion_pending = false;
-                outcome = OUT_ERROR
+                if
+                :: outcome = OUT_ERROR
+                :: outcome = OUT_RECEIPT /* the handler returns complete_in_tx's receipt anyway */
+                fi
               }
            :: atomic {              /* crash before COMMIT: the server aborts the transaction */
                 row_locked = false;
@@ -153,6 +164,21 @@ end_idle:
         fi
      fi;
 
+     /* ---- a witnessed COMMIT is the evidence: accepted without a read ---- */
+     if
+#ifdef TRUST_RECEIPT
+     :: outcome == OUT_COMMITTED || outcome == OUT_RECEIPT ->
+        accepted[my] = true;        /* MUTANT: any receipt taken at its word */
+        goto restart
+#else
+     :: outcome == OUT_COMMITTED ->
+        assert(job_state == COMPLETED && term_lease == my); /* what a read would find */
+        accepted[my] = true;
+        goto restart
+#endif
+     :: else -> skip
+     fi;
+
      /* ---- reconciliation of token my against durable evidence (attempt_evidence) ---- */
      if
      :: atomic { job_state == COMPLETED && term_lease == my -> /* 1. completed by this token */
@@ -160,7 +186,7 @@ end_idle:
           accepted[my] = true
         }
      :: atomic { job_state == RUNNING && run_lease == my ->    /* 2. still open */
-          assert(outcome != OUT_RECEIPT)  /* a receipt without evidence is impossible */
+          assert(outcome != OUT_COMMITTED)  /* a committed receipt is never read for */
         }
         /* ordinary retry/fail policy: fail_attempt(job, my), guarded, waits for the row lock */
         atomic {
@@ -175,7 +201,7 @@ end_idle:
           fi
         }
      :: else ->                                 /* 3. closed by something else: stale */
-        assert(outcome != OUT_RECEIPT)
+        assert(outcome != OUT_COMMITTED)
      fi;
 restart:
      atomic { outcome = 0; my = 0 }

@@ -119,7 +119,8 @@ class caller_owned_context : public job_context {
   /// bridge: a PGconn* inside BEGIN, see tenure/libpq.hpp). This call ends the transaction: a
   /// receipt means the server committed it; a refused completion or COMMIT leaves nothing committed
   /// (the transaction is rolled back); errc::commit_in_doubt when the answer to the COMMIT was lost.
-  /// The runtime checks durable evidence after the handler returns, as with complete_in_tx.
+  /// The receipt is `committed()`: the server's answer to the COMMIT is the durable evidence, so
+  /// the runtime settles the attempt without reading it again (any other exit is read).
   template <class Tx>
   result<finalization_receipt> complete_and_commit(Tx&& tx, std::optional<nlohmann::json> progress = std::nullopt) {
     using bridge = tx_bridge<std::remove_cvref_t<Tx>>;

@@ -104,6 +104,8 @@ void execution::run_caller_owned(const entry_ptr& entry, const runtime::caller_o
               if (!(r.value().attempt() == entry->claim.attempt)) {
                 // A receipt for another attempt proves nothing about this one: evidence decides.
                 exit.message = "receipt names another attempt";
+              } else if (r.value().committed()) {
+                exit.what = handler_exit::how::committed;  // the server answered its COMMIT
               }
             } else {
               exit.what = entry->is_cancelled() ? handler_exit::how::cancelled : handler_exit::how::error;

@@ -77,6 +77,12 @@ void settlement::on_handler_exit(const entry_ptr& entry, handler_exit exit) {
     table.release(entry);
     return;
   }
+  if (exit.what == handler_exit::how::committed) {
+    // complete_job accepted this attempt in a transaction whose COMMIT the server answered: that
+    // answer is what an evidence read would return (case 1), so none is sent.
+    on_evidence(entry, exit, attempt_evidence::completed_by_this);
+    return;
+  }
   queue_evidence(entry, std::make_shared<handler_exit>(std::move(exit)));
 }
 

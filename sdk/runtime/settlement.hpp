@@ -17,10 +17,11 @@
 
 namespace tenure::detail {
 
-/// What is known of an attempt whose evidence is to be read: how its caller-owned handler
-/// exited, or (flushed) that the runtime's own completion flush had an unknown outcome.
+/// How a caller-owned handler exited, or (flushed) that the runtime's own completion flush had an
+/// unknown outcome. `committed`: a receipt for this attempt whose COMMIT the bridge saw the server
+/// answer, the durable evidence itself; every other exit has its evidence read.
 struct handler_exit {
-  enum class how { receipt, error, threw, cancelled, flushed } what = how::error;
+  enum class how { receipt, committed, error, threw, cancelled, flushed } what = how::error;
   std::error_code code;  ///< for error / cancelled
   std::string message;   ///< the handler's note, the exception text, or the code's message
   std::optional<std::string> progress;  ///< flushed: the completion's final progress
@@ -33,7 +34,7 @@ class settlement {
   /// A plain handler returned `outcome`. `progress`: a completed outcome's final progress,
   /// already storable JSON text.
   void on_outcome(const entry_ptr& entry, job_outcome outcome, std::optional<std::string> progress = std::nullopt);
-  /// A caller-owned handler exited: its evidence decides.
+  /// A caller-owned handler exited: its evidence decides (a witnessed COMMIT is that evidence).
   void on_handler_exit(const entry_ptr& entry, handler_exit exit);
 
   /// Runs every batch due now (`now`: even those waiting for their delay).

@@ -13,6 +13,7 @@ namespace {
 const char* to_text(handler_exit::how h) {
   switch (h) {
     case handler_exit::how::receipt: return "returned a receipt";
+    case handler_exit::how::committed: return "returned a committed receipt";
     case handler_exit::how::error: return "returned an error";
     case handler_exit::how::threw: return "threw";
     case handler_exit::how::cancelled: return "was cancelled";
@@ -78,7 +79,8 @@ void settlement::on_evidence(const entry_ptr& entry, const handler_exit& exit, a
   switch (evidence) {
     case attempt_evidence::completed_by_this:
       // Case 1: durable state wins, whatever the handler said.
-      if (exit.what != handler_exit::how::receipt && exit.what != handler_exit::how::flushed) {
+      if (exit.what != handler_exit::how::receipt && exit.what != handler_exit::how::committed &&
+          exit.what != handler_exit::how::flushed) {
         m.protocol_warnings.fetch_add(1, std::memory_order_relaxed);
         tenure::logger()->warn("tenure: protocol: job {} lease {} queue {} is durably completed by this attempt but its "
                      "handler {} ({}); accepting the completion",

@@ -75,8 +75,12 @@ TEST_F(caller_owned, receipt_after_commit_is_accepted_after_reconciliation) {
   EXPECT_EQ(m.flushes, 0u) << "caller-owned completions bypass the batcher";
 }
 
-TEST_F(caller_owned, complete_and_commit_in_one_round_trip_is_accepted_after_reconciliation) {
+TEST_F(caller_owned, complete_and_commit_receipt_is_settled_from_its_commit_without_an_evidence_read) {
   auto rt = make();
+  std::atomic<int> completed_events{0};
+  rt->on_event([&](const job_event& e) {
+    if (e.event == lifecycle_event::completed) ++completed_events;
+  });
   rt->handle_caller_owned("charge", [&](caller_owned_context& ctx) -> result<finalization_receipt> {
     pg conn{schema_.dsn()};
     conn.exec("BEGIN");
@@ -93,9 +97,66 @@ TEST_F(caller_owned, complete_and_commit_in_one_round_trip_is_accepted_after_rec
   ASSERT_TRUE(rt->wait_idle(5s));
   const auto m = rt->metrics();
   EXPECT_EQ(m.completed, 1u);
-  EXPECT_GE(m.reconciliations, 1u) << "a committed receipt is still checked against the database";
+  EXPECT_EQ(completed_events.load(), 1);
+  EXPECT_EQ(m.reconciliations, 0u) << "the server's answer to the COMMIT is the evidence";
+  EXPECT_EQ(m.reconcile_reads, 0u);
   EXPECT_EQ(m.protocol_warnings, 0u);
+  EXPECT_EQ(m.in_flight, 0);
   EXPECT_EQ(m.permits_held, 0);
+}
+
+TEST_F(caller_owned, many_complete_and_commit_exits_free_their_permits_with_no_evidence_read) {
+  auto cfg = fast_config();
+  cfg.queues[0].max_concurrency = 8;
+  auto rt = make(cfg);
+  rt->handle_caller_owned("charge", [&](caller_owned_context& ctx) -> result<finalization_receipt> {
+    pg conn{schema_.dsn()};
+    conn.exec("BEGIN");
+    conn.exec("INSERT INTO " + s("orders") + " VALUES ($1, $2)",
+              {std::to_string(ctx.job_id()), std::to_string(ctx.run_lease())});
+    return ctx.complete_and_commit(conn.native());
+  });
+  enqueue_many(60, "charge");
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return count("state = 'completed'") == 60; }));
+  ASSERT_TRUE(rt->wait_idle(5s));
+  EXPECT_EQ(orders(), 60);
+  const auto m = rt->metrics();
+  EXPECT_EQ(m.completed, 60u);
+  EXPECT_EQ(m.reconciliations, 0u);
+  EXPECT_EQ(m.reconcile_reads, 0u);
+  EXPECT_EQ(m.retried, 0u);
+  EXPECT_EQ(m.permits_held, 0);
+  EXPECT_EQ(m.in_flight, 0);
+}
+
+TEST_F(caller_owned, a_committed_receipt_for_another_attempt_is_not_taken_as_this_ones_evidence) {
+  // Attempt 1 of the charge completes and commits an attempt of another job (claimed here, outside
+  // the runtime) and returns that receipt: committed, but it says nothing about attempt 1, whose
+  // evidence is read (still open), so it is retried.
+  auto rt = make(quick_retries());
+  const auto other = enqueue("side", "{}", "side_queue");
+  rt->handle_caller_owned("charge", [&](caller_owned_context& ctx) -> result<finalization_receipt> {
+    if (ctx.attempt() > 1) return business_tx(ctx);
+    pg side{schema_.dsn()};
+    const auto token_text = side.scalar("SELECT " + s("make_token") + "(job_id, run_lease, secret) FROM " +
+                                        s("claim_attempts") + "('side_queue', 1, 'test', NULL)");
+    auto token = finalization_token::parse(token_text);
+    if (!token) return token.error();
+    pg conn{schema_.dsn()};
+    conn.exec("BEGIN");
+    return complete_and_commit(conn.native(), token.value(), {.schema = schema_.name()});
+  });
+  ASSERT_TRUE(rt->start());
+  const auto id = enqueue("charge");
+  ASSERT_TRUE(eventually([&] { return job(id) == "completed 2"; }));
+  ASSERT_TRUE(rt->wait_idle(5s));
+  EXPECT_EQ(job(other), "completed 1") << "the other job's attempt was completed and committed";
+  EXPECT_EQ(orders(), 1);
+  const auto m = rt->metrics();
+  EXPECT_GE(m.reconciliations, 1u) << "attempt 1's evidence was read";
+  EXPECT_EQ(m.protocol_warnings, 1u);
+  EXPECT_EQ(m.retried, 1u);
 }
 
 TEST_F(caller_owned, complete_and_commit_of_a_cancelled_attempt_is_stale_and_writes_nothing) {
