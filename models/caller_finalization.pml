@@ -39,6 +39,8 @@
  * @mutant trust_receipt -DTRUST_RECEIPT
  *         the runtime accepts any receipt without reading evidence, also one of complete_in_tx
  *         whose transaction the handler then rolled back
+ * @mutant mislabelled_commit -DMISLABELLED_COMMIT
+ *         the bridge marks a receipt committed when its transaction rolled back
  */
 
 /* job states (tenure.jobs.state); scheduled/retryable/waiting_external are abstracted into
@@ -149,6 +151,9 @@ end_idle:
                 if
                 :: outcome = OUT_ERROR
                 :: outcome = OUT_RECEIPT /* the handler returns complete_in_tx's receipt anyway */
+#ifdef MISLABELLED_COMMIT
+                :: outcome = OUT_COMMITTED /* MUTANT: a rolled-back COMMIT said to be answered */
+#endif
                 fi
               }
            :: atomic {              /* crash before COMMIT: the server aborts the transaction */

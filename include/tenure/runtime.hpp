@@ -77,7 +77,8 @@ class runtime {
   /// Registers a caller-owned handler for a job kind (replacing any handler of that kind); call
   /// before start() (later registrations are ignored, with an error logged). After
   /// every exit (receipt, error, exception, cancellation) the runtime reads the attempt's durable
-  /// evidence before it releases anything:
+  /// evidence before it releases anything, except after a receipt of complete_and_commit for the
+  /// attempt: the server's answer to that COMMIT is case 1's evidence, already in hand.
   ///  1. completed by this attempt: accepted (a handler that reported an error anyway gets one
   ///     warn-level protocol event);
   ///  2. still open (rolled back, never finalized): the handler's error goes through the retry /

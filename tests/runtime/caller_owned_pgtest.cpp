@@ -1,5 +1,6 @@
 // Caller-owned handlers against real PostgreSQL: the runtime reconciles every exit against the
-// attempt's durable evidence before it releases the in-flight entry or the permit (docs/design.md 6).
+// attempt's durable evidence before it releases the in-flight entry or the permit; a receipt whose
+// COMMIT the bridge saw answered is that evidence (docs/design.md 6).
 #include <atomic>
 #include <mutex>
 
