@@ -368,6 +368,43 @@ TEST_F(callbacks, complete_and_fail_callback_finish_the_job_from_outside) {
   EXPECT_EQ(db_.scalar("SELECT " + s("fail_callback") + "($1::uuid, 'again')", {id_c}), "f");
 }
 
+TEST_F(callbacks, a_heartbeat_that_arrives_after_the_park_leaves_the_parked_attempt_unbeaten) {
+  // A runtime's heartbeat collected while the handler was still parking can reach the server after
+  // the park committed: it must not make the parked attempt look held, yet its progress is kept.
+  db_.exec("SELECT " + s("enqueue") + "('cb', '{}', 'default', 2, NULL, 5)");
+  const auto claimed = db_.exec("SELECT job_id, run_lease, token FROM " + s("claim") + "('default')");
+  ASSERT_EQ(claimed.rows.size(), 1u);
+  const attempt a{claimed.at(0, 0), claimed.at(0, 1)};
+  const std::string token = claimed.at(0, 2);
+  const auto id = register_cb(a);
+  EXPECT_EQ(db_.scalar("SELECT " + s("heartbeat") + "($1)", {token}), "t") << "held by its handler";
+  ASSERT_EQ(db_.scalar("SELECT " + s("park_callback") + "($1, $2, $3::uuid)", {a.job_id, a.run_lease, id}), "parked");
+  const auto beat_at = [&] {
+    return db_.scalar("SELECT heartbeat_at FROM " + s("attempt_state") + " WHERE job_id = $1 AND run_lease = $2",
+                      {a.job_id, a.run_lease});
+  };
+  const auto before = beat_at();
+  std::this_thread::sleep_for(20ms);
+  const auto late = db_.exec("SELECT * FROM " + s("heartbeat_batch") +
+                                 "(ARRAY[$1::bigint], ARRAY[$2::bigint], ARRAY['{\"last\": 7}'::jsonb])",
+                             {a.job_id, a.run_lease});
+  EXPECT_TRUE(late.rows.empty()) << "a parked attempt is not answered live";
+  EXPECT_EQ(beat_at(), before);
+  EXPECT_EQ(db_.scalar("SELECT progress->>'last' FROM " + s("attempt_state") + " WHERE job_id = $1", {a.job_id}), "7");
+  EXPECT_EQ(db_.scalar("SELECT " + s("heartbeat") + "($1)", {token}), "f") << "no handler holds a parked attempt";
+  EXPECT_EQ(beat_at(), before);
+  EXPECT_EQ(state_of(a), "waiting_external");
+  // Resumed and continued: the continuation is beaten again, and starts from the kept progress.
+  EXPECT_EQ(resume(id, "{}"), "t");
+  auto b = claim();
+  EXPECT_EQ(db_.scalar("SELECT progress->>'last' FROM " + s("attempt_checkpoint") + "($1, $2)", {b.job_id, b.run_lease}),
+            "7");
+  EXPECT_EQ(db_.exec("SELECT * FROM " + s("heartbeat_batch") + "(ARRAY[$1::bigint], ARRAY[$2::bigint])",
+                     {b.job_id, b.run_lease})
+                .rows.size(),
+            1u);
+}
+
 TEST_F(callbacks, a_token_from_before_a_park_never_closes_the_continuation_claimed_during_its_call) {
   // The holder of the token an attempt had before it parked calls complete_job / fail_job while the
   // attempt is resumed and continued by a new claim (same run lease, new secret). The exclusive
