@@ -15,6 +15,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -76,7 +77,14 @@ class control {
   int running_handlers = 0;
   int outstanding_ops = 0;  ///< fail/snooze/cancel/reconcile calls not answered yet
   bool stopping = false;    ///< no new claims
-  bool abandoning = false;  ///< past the shutdown timeout: late outcomes are left for rescue
+  /// Past the shutdown timeout: late outcomes are left for rescue. Set on the control thread;
+  /// also read by the database thread that answers a claim (it then launches no handler).
+  std::atomic<bool> abandoning{false};
+  /// Whether a claim's answer may still hand handlers to the pool. A claim's database thread
+  /// decides under launch_mu; stop() closes it (under the same lock) before joining the pool,
+  /// after which a claim's answer gives its attempts back instead.
+  std::mutex launch_mu;
+  bool launch_closed = false;
   /// Whether nothing is held or pending (set by the runtime, which sees every piece).
   std::function<bool()> idle_now;
   std::vector<std::function<void()>> idle_waiters;

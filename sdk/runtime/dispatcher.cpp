@@ -46,8 +46,40 @@ void dispatcher::pump(queue_state& q) {
   // Join the waiters (so producers NOTIFY) only once eager polling has found nothing for a
   // few milliseconds: while jobs keep coming, producers pay for no NOTIFY at all.
   const bool going_to_sleep = q.idle_step >= k_sleep_after_step;
-  core.on_db([this, &q, n, going_to_sleep] { return core.store->claim(q.opt.name, n, cfg.worker_id, going_to_sleep); },
-             [this, &q, n](result<std::vector<claimed_attempt>> r) { on_claimed(q, n, std::move(r)); });
+  asio::post(core.db, [this, &q, n, going_to_sleep] {
+    auto r = core.store->claim(q.opt.name, n, cfg.worker_id, going_to_sleep);
+    if (database_answered(r)) core.note_db_answer();
+    hand_over(q, n, std::move(r));
+  });
+}
+
+/// On the database thread that answered the claim: the claimed attempts' handlers go to the pool
+/// from here, right after the control thread's continuation (on_claimed) was posted, so the claim's
+/// answer reaches a handler without waiting for the control thread (execution.hpp).
+void dispatcher::hand_over(queue_state& q, int asked, result<std::vector<claimed_attempt>> r) {
+  if (!r) {
+    core.on_ctl([this, &q, asked, e = r.error()] {
+      on_claimed(q, asked, e, false);
+      core.check_waiters();
+    });
+    return;
+  }
+  std::vector<entry_ptr> entries;
+  std::vector<entry_ptr> to_run;
+  entries.reserve(r.value().size());
+  // Held until the handlers are posted: stop() closes the pool's door (and sets abandoning) under
+  // it, so it never joins the pool between this decision and these posts.
+  std::lock_guard lock(core.launch_mu);
+  const bool launch = !core.launch_closed && !core.abandoning;
+  for (auto& c : r.value()) {
+    entries.push_back(exec.prepare(std::move(c), launch));
+    if (entries.back()->launched) to_run.push_back(entries.back());
+  }
+  core.on_ctl([this, &q, asked, entries = std::move(entries), launch]() mutable {
+    on_claimed(q, asked, std::move(entries), launch);
+    core.check_waiters();
+  });
+  for (const auto& e : to_run) exec.run(e);
 }
 
 void dispatcher::arm_queue_timer(queue_state& q, milliseconds d) {
@@ -57,7 +89,7 @@ void dispatcher::arm_queue_timer(queue_state& q, milliseconds d) {
   });
 }
 
-void dispatcher::on_claimed(queue_state& q, int asked, result<std::vector<claimed_attempt>> r) {
+void dispatcher::on_claimed(queue_state& q, int asked, result<std::vector<entry_ptr>> r, bool launched) {
   q.claiming = false;
   if (!r) {
     q.free += asked;
@@ -74,15 +106,15 @@ void dispatcher::on_claimed(queue_state& q, int asked, result<std::vector<claime
   }
   q.error_backoff = milliseconds{0};
   auto& got = r.value();
-  if (core.abandoning) {
+  if (!launched) {
     // Claimed while stop() was giving up on handlers: nothing will run them here, so they
     // go back at once, without spending an attempt (and without holding permits).
     q.free += asked;
-    for (auto& c : got) give_back(std::move(c));
+    for (const auto& e : got) give_back(e->claim);
     return;
   }
   q.free += asked - static_cast<int>(got.size());
-  for (auto& c : got) exec.start(std::move(c));
+  for (const auto& e : got) exec.admit(e);
   if (static_cast<int>(got.size()) == asked) {
     q.drained = false;
     q.idle_step = milliseconds{0};

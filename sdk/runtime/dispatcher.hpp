@@ -4,7 +4,7 @@
 /// one statement, polls (eagerly at first, then less and less often) or wakes on a hint, and
 /// hands each claimed attempt to execution. Stands on control, in_flight and execution; a
 /// permit freed below reaches it through in_flight_table::permit_freed. Private to the
-/// runtime; control thread only.
+/// runtime; control thread only, but for hand_over(), which runs where a claim was answered.
 #include <string>
 
 #include "sdk/runtime/execution.hpp"
@@ -25,7 +25,8 @@ class dispatcher {
  private:
   void schedule_pump(queue_state& q);
   void arm_queue_timer(queue_state& q, std::chrono::milliseconds d);
-  void on_claimed(queue_state& q, int asked, result<std::vector<claimed_attempt>> r);
+  void hand_over(queue_state& q, int asked, result<std::vector<claimed_attempt>> r);
+  void on_claimed(queue_state& q, int asked, result<std::vector<entry_ptr>> r, bool launched);
   void give_back(claimed_attempt c);
   void claim_for_wake(queue_state& q);
 

@@ -18,27 +18,42 @@ std::optional<std::string> execution::with_middleware(job_context& ctx, const st
 
 execution::execution(control& c, in_flight_table& t, settlement& s) : core(c), table(t), settle(s), cfg(c.cfg) {}
 
-void execution::start(claimed_attempt c) {
-  auto entry = table.add(std::move(c));
+entry_ptr execution::prepare(claimed_attempt c, bool launch) const {
+  auto entry = table.make_entry(std::move(c));
   entry->store_gate = store_gate;
+  entry->caller_owned = owned_handlers.contains(entry->claim.kind);
+  entry->launched = launch && (entry->caller_owned || handlers.contains(entry->claim.kind));
+  return entry;
+}
+
+void execution::run(const entry_ptr& entry) {
+  const auto& kind = entry->claim.kind;
+  if (entry->caller_owned) {
+    run_caller_owned(entry, owned_handlers.at(kind));
+  } else {
+    run_plain(entry, handlers.at(kind));
+  }
+}
+
+void execution::admit(const entry_ptr& entry) {
+  table.admit(entry);
   const auto& a = entry->claim;
   ++core.running_handlers;
   core.emit(lifecycle_event::started, a);
-  if (auto owned = owned_handlers.find(a.kind); owned != owned_handlers.end()) {
-    entry->caller_owned = true;
-    run_caller_owned(entry, owned->second);
+  if (entry->launched) {
+    // Launched where it was claimed, possibly as stop() was giving up on handlers: asked to stop.
+    if (core.abandoning) entry->cancel();
     return;
   }
-  auto it = handlers.find(a.kind);
-  if (it == handlers.end()) {
-    // No handler here for this kind: give the attempt back (snooze) so a worker that has one
-    // can take it, without spending an attempt.
-    tenure::logger()->error("tenure: no handler for kind '{}' (job {} lease {} queue {}); snoozing it 60 s", a.kind,
-                  a.attempt.job_id, a.attempt.run_lease, a.queue);
-    settle.on_outcome(entry, job_outcome::snooze(milliseconds{60'000}));
-    return;
-  }
-  asio::post(*core.workers, [this, entry, &fn = it->second] {
+  // No handler here for this kind: give the attempt back (snooze) so a worker that has one can
+  // take it, without spending an attempt.
+  tenure::logger()->error("tenure: no handler for kind '{}' (job {} lease {} queue {}); snoozing it 60 s", a.kind,
+                a.attempt.job_id, a.attempt.run_lease, a.queue);
+  settle.on_outcome(entry, job_outcome::snooze(milliseconds{60'000}));
+}
+
+void execution::run_plain(const entry_ptr& entry, const runtime::handler& fn) {
+  asio::post(*core.workers, [this, entry, &fn] {
     entry->starting();
     job_outcome outcome = job_outcome::completed();
     job_context ctx{entry};

@@ -1,9 +1,19 @@
 #pragma once
 /// \file
-/// Running handlers: a claimed attempt joins the in-flight table and its handler runs on the
-/// handler pool (plain handlers, and caller-owned handlers behind their gate); each exit is
+/// Running handlers: a claimed attempt's handler runs on the handler pool (plain handlers, and
+/// caller-owned handlers behind their gate) and its entry joins the in-flight table; each exit is
 /// handed to settlement on the control thread. Stands on control, in_flight and settlement.
-/// Private to the runtime; start() is control-thread only, handlers are registered before start.
+/// Private to the runtime; handlers are registered before start.
+///
+/// A claim's answer is handed over where it arrives, on a database thread: prepare() builds each
+/// entry and marks those with a handler here `launched`, then the claim's control-thread
+/// continuation is posted, then run() posts each launched handler to the pool: the answer reaches
+/// a handler without passing through the control thread. The continuation admits the entries
+/// (admit()). Its post precedes every handler's, so a handler's exit, posted to the control
+/// thread when it returns, always finds its entry admitted. That rests on the control thread
+/// being one thread that runs posts in order, and on every exit being posted (never dispatched).
+/// The `started` event is emitted at admission: before any outcome event of the attempt, but not
+/// necessarily before its handler began.
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -23,10 +33,17 @@ class execution {
   std::unique_ptr<call_gate> owned_gate;  ///< caller-owned handlers running (may be null)
   std::vector<middleware> middlewares;    ///< runtime::use(), outermost first
 
-  /// Holds the claimed attempt and runs its handler.
-  void start(claimed_attempt c);
+  /// The entry of a claimed attempt; `launch`: mark it launched when this process has a handler
+  /// for its kind (its handler must then be run() after its admission was posted). Any thread.
+  entry_ptr prepare(claimed_attempt c, bool launch) const;
+  /// Posts the handler of an entry marked launched to the pool. Any thread.
+  void run(const entry_ptr& entry);
+  /// Holds the attempt (in-flight table, running count, `started` event); one that was not
+  /// launched has no handler here and is snoozed back. Control thread.
+  void admit(const entry_ptr& entry);
 
  private:
+  void run_plain(const entry_ptr& entry, const runtime::handler& fn);
   void run_caller_owned(const entry_ptr& entry, const runtime::caller_owned_handler& fn);
   /// Runs the middleware around `call` (the handler); the error to retry with when a middleware
   /// threw or skipped next(), else nullopt.

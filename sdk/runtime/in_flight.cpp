@@ -16,13 +16,17 @@ in_flight_table::in_flight_table(control& c) : core(c), m(c.m), capacity_timer(c
   }
 }
 
-entry_ptr in_flight_table::add(claimed_attempt c) {
+entry_ptr in_flight_table::make_entry(claimed_attempt c) const {
   auto entry = std::make_shared<attempt_entry>(std::move(c));
   entry->store = core.store;
   entry->clock = core.cfg.clock;
   entry->last_live = core.now();  // the claim just confirmed it live
   const auto q = by_name.find(entry->claim.queue);
   entry->series = q != by_name.end() ? q->second->series : &m.queues.get(entry->claim.queue);
+  return entry;
+}
+
+void in_flight_table::admit(const entry_ptr& entry) {
   if (auto old = in_flight.find(entry->claim.attempt); old != in_flight.end()) {
     // The continuation of an attempt this process parked, claimed before the park's answer was
     // handled here: the parked call is over (the database moved it on), so it goes first.
@@ -32,7 +36,6 @@ entry_ptr in_flight_table::add(claimed_attempt c) {
   entry->series->claimed.fetch_add(1, std::memory_order_relaxed);
   entry->series->in_flight.fetch_add(1, std::memory_order_relaxed);
   entry->series->permits_held.fetch_add(1, std::memory_order_relaxed);
-  return entry;
 }
 
 /// An attempt whose handler returned holds its permit until the database answered for it. Past
@@ -95,7 +98,7 @@ void in_flight_table::release_permit(const entry_ptr& entry) {
 
 void in_flight_table::release(const entry_ptr& entry) {
   const auto& c = entry->claim;
-  // Only this entry: a continuation of the same attempt may hold the key now (add()).
+  // Only this entry: a continuation of the same attempt may hold the key now (admit()).
   const auto it = in_flight.find(c.attempt);
   if (it == in_flight.end() || it->second != entry) return;
   in_flight.erase(it);

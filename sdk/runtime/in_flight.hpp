@@ -4,7 +4,8 @@
 /// keyed by (job_id, run_lease), each queue's free permits, releasing an entry once the
 /// database answered for it, and releasing a permit early when the database cannot answer in
 /// time (the capacity sweep). Stands on control only; a freed permit is reported through
-/// permit_freed, set by the dispatcher above. Private to the runtime; control thread only.
+/// permit_freed, set by the dispatcher above. Private to the runtime; control thread only, but
+/// for make_entry(), which reads only what is fixed once the runtime started.
 #include <boost/asio/steady_timer.hpp>
 #include <functional>
 #include <map>
@@ -47,8 +48,11 @@ class in_flight_table {
   /// A permit went back to `q` (set by the dispatcher: claim again).
   std::function<void(queue_state&)> permit_freed;
 
-  /// Adds a claimed attempt, holding one permit of its queue (counted as claimed).
-  entry_ptr add(claimed_attempt c);
+  /// The entry of a claimed attempt, not yet in the table. Any thread (reads only what is fixed
+  /// once the runtime started).
+  entry_ptr make_entry(claimed_attempt c) const;
+  /// Adds the entry, holding one permit of its queue (counted as claimed).
+  void admit(const entry_ptr& entry);
   /// The database answered for the attempt: drops its entry and its permit.
   void release(const entry_ptr& entry);
   void release_permit(const entry_ptr& entry);

@@ -1,8 +1,12 @@
 // The worker runtime: the facade over its pieces (docs/design.md, "Runtime", for how they stack).
 // Threading model:
 //  - ctl: one io_context on one thread owns every piece of mutable runtime state (queues,
-//    the in-flight table, the completion batcher, timers). Nothing else touches it.
-//  - db: a thread pool for blocking storage calls; each call posts its answer back to ctl.
+//    the in-flight table, the completion batcher, timers). Nothing else touches it, but for a
+//    claimed attempt's entry, built on the database thread that received the claim before ctl
+//    admits it.
+//  - db: a thread pool for blocking storage calls; each call posts its answer back to ctl. A
+//    claim's answer also posts the claimed handlers to workers from there, after its answer
+//    (which admits them) was posted to ctl (execution.hpp).
 //  - workers: a thread pool running handlers; each outcome is posted back to ctl.
 //  - signal thread: waits on the signal port (LISTEN/NOTIFY), renews the maintenance lease, and
 //    posts to ctl.
@@ -217,6 +221,12 @@ void runtime::stop() noexcept {
     if (!handlers_done) {
       d.core.run_and_wait(
           [&d](std::function<void()> done) {
+            {
+              // Before the warnings below: a claim answered from here on gives back what it took
+              // (its database thread reads this under the same lock as it decides to launch).
+              std::lock_guard door(d.core.launch_mu);
+              d.core.abandoning = true;
+            }
             if (d.core.running_handlers > 0) {
               tenure::logger()->warn("tenure: {} handler(s) still running after the shutdown timeout; cancelling them, their "
                            "attempts stay open for rescue",
@@ -226,11 +236,15 @@ void runtime::stop() noexcept {
               tenure::logger()->warn("tenure: a claim is still in flight after the shutdown timeout; what it takes is given "
                            "back without spending an attempt");
             }
-            d.core.abandoning = true;
             for (auto& [id, e] : d.table.in_flight) e->cancel();
             done();
           },
           milliseconds{60'000});
+    }
+    {
+      // From here a claim's answer gives its attempts back instead of handing them to the pool.
+      std::lock_guard door(d.core.launch_mu);
+      d.core.launch_closed = true;
     }
     d.core.workers->join();  // handlers ignoring cancellation are waited for here
     // 3. Flush every pending completion and finish outstanding outcome writes, woken by each

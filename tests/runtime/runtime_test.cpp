@@ -279,6 +279,41 @@ TEST_F(runtime_unit, stop_waits_for_a_claim_in_flight_and_runs_what_it_claimed) 
   EXPECT_EQ(state(id), job_state::completed);
 }
 
+TEST_F(runtime_unit, a_claimed_handler_starts_without_waiting_for_the_control_thread) {
+  // The claim's answer hands the handler to the pool where it arrives; the control thread, held
+  // here inside the `started` hook, admits the attempt when it gets to it, and the handler's exit
+  // is settled only after that.
+  const auto id = enqueue();
+  auto rt = make(config());
+  std::mutex mu;
+  std::condition_variable cv;
+  bool handler_ran = false;
+  std::atomic<int> ran_during_hook{-1};
+  std::vector<std::string> events;
+  rt->on_event([&](const job_event& e) {
+    std::unique_lock lock(mu);
+    events.emplace_back(to_string(e.event));
+    if (e.event == lifecycle_event::started) {
+      ran_during_hook = cv.wait_for(lock, 5s, [&] { return handler_ran; }) ? 1 : 0;
+    }
+  });
+  rt->handle("k", [&](job_context&) {
+    {
+      std::lock_guard lock(mu);
+      handler_ran = true;
+    }
+    cv.notify_all();
+    return job_outcome::completed();
+  });
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return state(id) == job_state::completed; }));
+  EXPECT_EQ(ran_during_hook.load(), 1) << "the handler ran while the control thread was busy in the started hook";
+  rt->stop();
+  EXPECT_EQ(rt->metrics().completed, 1u);
+  std::lock_guard lock(mu);
+  EXPECT_EQ(events, (std::vector<std::string>{"started", "completed"}));
+}
+
 TEST_F(runtime_unit, a_claim_answered_after_the_shutdown_timeout_is_given_back_without_spending_an_attempt) {
   auto c = config();
   c.shutdown_timeout = 50ms;
