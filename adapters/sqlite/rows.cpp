@@ -401,6 +401,13 @@ bool is_waiting(soci::session& s, attempt_id a) {
   return n > 0;
 }
 
+bool is_parked(soci::session& s, attempt_id a) {
+  int n = 0;
+  s << "SELECT count(*) FROM callbacks WHERE job_id = :job_id AND run_lease = :run_lease AND parked",
+      soci::into(n), soci::use(a.job_id, "job_id"), soci::use(a.run_lease, "run_lease");
+  return n > 0;
+}
+
 std::optional<callback_row> live_callback(soci::session& s, const std::string& id) {
   callback_row c;
   int waiting = 0, parked = 0, resumed = 0;

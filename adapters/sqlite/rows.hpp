@@ -225,6 +225,8 @@ result<job_state> fail_in_tx(soci::session& s, std::mt19937_64& rng, attempt_id 
 
 /// The attempt is parked on its callback (a blocking waiter or a parked one).
 bool is_waiting(soci::session& s, attempt_id a);
+/// Parked on a callback: no handler holds it (a heartbeat neither keeps it nor answers it live).
+bool is_parked(soci::session& s, attempt_id a);
 
 /// One callback row as read by its id.
 struct callback_row {

@@ -196,14 +196,17 @@ result<std::vector<attempt_id>> store::heartbeat(
     out_t live;
     for (const auto& [a, p] : input) {
       if (!receipt_exists(s, a)) continue;  // stale
+      // As migration 29: a parked attempt keeps its heartbeat_at (its progress is still kept).
+      const int parked = is_parked(s, a) ? 1 : 0;
       const opt<std::string> new_progress = to_boost(p);
       s << "INSERT INTO attempt_state (job_id, run_lease, heartbeat_at, progress)"
            " VALUES (:job_id, :run_lease, :now, :progress)"
-           " ON CONFLICT (job_id, run_lease) DO UPDATE SET heartbeat_at = excluded.heartbeat_at,"
+           " ON CONFLICT (job_id, run_lease) DO UPDATE SET"
+           " heartbeat_at = CASE WHEN :parked THEN attempt_state.heartbeat_at ELSE excluded.heartbeat_at END,"
            " progress = coalesce(excluded.progress, attempt_state.progress)",
           soci::use(a.job_id, "job_id"), soci::use(a.run_lease, "run_lease"),
-          soci::use(now, "now"), soci::use(new_progress, "progress");
-      live.push_back(a);
+          soci::use(now, "now"), soci::use(new_progress, "progress"), soci::use(parked, "parked");
+      if (!parked) live.push_back(a);
     }
     return result<out_t>(std::move(live));
   });

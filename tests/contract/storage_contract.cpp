@@ -1543,6 +1543,25 @@ TEST_P(storage_contract, a_parked_attempt_is_continued_by_a_new_run_lease_with_i
   EXPECT_EQ(read(id).state, job_state::completed);
 }
 
+TEST_P(storage_contract, a_heartbeat_after_the_park_does_not_answer_the_parked_attempt_live_and_keeps_its_progress) {
+  // A runtime's heartbeat collected while the handler was parking can arrive after the park.
+  const auto id = add(make_job());
+  const auto c = claim_one();
+  const std::vector<attempt_id> attempts{c.attempt};
+  const auto cb = must(db().register_callback(c.attempt, 1h));
+  EXPECT_THAT(must(db().heartbeat(attempts)), ElementsAre(c.attempt)) << "held by its handler";
+  ASSERT_EQ(must(db().park_callback(c.attempt, cb)), park_result::parked);
+  const std::vector<std::optional<std::string>> last{R"({"last": 7})"};
+  EXPECT_THAT(must(db().heartbeat(attempts, last)), IsEmpty()) << "no handler holds a parked attempt";
+  EXPECT_EQ(read(id).state, job_state::waiting_external);
+  EXPECT_EQ(parsed(read(id).progress), json({{"last", 7}})) << "the progress it carried is kept";
+  EXPECT_THAT(rescue_all(), IsEmpty());
+  ASSERT_TRUE(must(db().resume_callback(cb, "{}")));
+  const auto next = claim_one();
+  EXPECT_THAT(must(db().heartbeat(std::vector<attempt_id>{next.attempt})), ElementsAre(next.attempt))
+      << "the continuation is held by its handler again";
+}
+
 TEST_P(storage_contract, a_continuation_given_back_rescued_or_retried_stays_a_continuation_with_its_payload) {
   new_job j = make_job();
   j.max_attempts = 3;
