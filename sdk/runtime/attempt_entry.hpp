@@ -221,7 +221,7 @@ struct attempt_entry {
   /// The last callback whose resume wait_for_callback() returned (guarded by mu).
   std::string delivered_callback;
 
-  // Control-thread state (last_live, caller_owned and launched are first set where the entry is
+  // Control-thread state (last_live and caller_owned are first set where the entry is
   // made, on the database thread that received the claim, before its admission is posted).
   bool in_doubt = false;       ///< a flush carrying this completion had an unknown outcome
   bool handler_done = false;   ///< the handler returned; the outcome is being recorded
@@ -232,8 +232,6 @@ struct attempt_entry {
   /// the attempt's rescue deadline.
   steady_time_point last_live{};
   bool caller_owned = false;   ///< finished by its handler's own transaction (complete_in_tx)
-  /// Its handler was posted to the pool (set before admission, by the thread that posted it).
-  bool launched = false;
   /// When the handler returned: the reconcile budget counts from here.
   std::optional<steady_time_point> done_at;
 

@@ -72,8 +72,8 @@ void dispatcher::hand_over(queue_state& q, int asked, result<std::vector<claimed
   std::lock_guard lock(core.launch_mu);
   const bool launch = !core.launch_closed && !core.abandoning;
   for (auto& c : r.value()) {
-    entries.push_back(exec.prepare(std::move(c), launch));
-    if (entries.back()->launched) to_run.push_back(entries.back());
+    entries.push_back(exec.prepare(std::move(c)));
+    if (launch && exec.has_handler(*entries.back())) to_run.push_back(entries.back());
   }
   core.on_ctl([this, &q, asked, entries = std::move(entries), launch]() mutable {
     on_claimed(q, asked, std::move(entries), launch);

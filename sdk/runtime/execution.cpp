@@ -18,12 +18,15 @@ std::optional<std::string> execution::with_middleware(job_context& ctx, const st
 
 execution::execution(control& c, in_flight_table& t, settlement& s) : core(c), table(t), settle(s), cfg(c.cfg) {}
 
-entry_ptr execution::prepare(claimed_attempt c, bool launch) const {
+entry_ptr execution::prepare(claimed_attempt c) const {
   auto entry = table.make_entry(std::move(c));
   entry->store_gate = store_gate;
   entry->caller_owned = owned_handlers.contains(entry->claim.kind);
-  entry->launched = launch && (entry->caller_owned || handlers.contains(entry->claim.kind));
   return entry;
+}
+
+bool execution::has_handler(const attempt_entry& entry) const {
+  return entry.caller_owned || handlers.contains(entry.claim.kind);
 }
 
 void execution::run(const entry_ptr& entry) {
@@ -40,7 +43,7 @@ void execution::admit(const entry_ptr& entry) {
   const auto& a = entry->claim;
   ++core.running_handlers;
   core.emit(lifecycle_event::started, a);
-  if (entry->launched) {
+  if (has_handler(*entry)) {
     // Launched where it was claimed, possibly as stop() was giving up on handlers: asked to stop.
     if (core.abandoning) entry->cancel();
     return;

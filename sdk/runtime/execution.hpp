@@ -6,8 +6,8 @@
 /// Private to the runtime; handlers are registered before start.
 ///
 /// A claim's answer is handed over where it arrives, on a database thread: prepare() builds each
-/// entry and marks those with a handler here `launched`, then the claim's control-thread
-/// continuation is posted, then run() posts each launched handler to the pool: the answer reaches
+/// entry, then the claim's control-thread continuation is posted, then run() posts the handler of
+/// each entry this process has one for (has_handler()) to the pool: the answer reaches
 /// a handler without passing through the control thread. The continuation admits the entries
 /// (admit()). Its post precedes every handler's, so a handler's exit, posted to the control
 /// thread when it returns, always finds its entry admitted. That rests on the control thread
@@ -33,13 +33,16 @@ class execution {
   std::unique_ptr<call_gate> owned_gate;  ///< caller-owned handlers running (may be null)
   std::vector<middleware> middlewares;    ///< runtime::use(), outermost first
 
-  /// The entry of a claimed attempt; `launch`: mark it launched when this process has a handler
-  /// for its kind (its handler must then be run() after its admission was posted). Any thread.
-  entry_ptr prepare(claimed_attempt c, bool launch) const;
-  /// Posts the handler of an entry marked launched to the pool. Any thread.
+  /// The entry of a claimed attempt. Any thread.
+  entry_ptr prepare(claimed_attempt c) const;
+  /// Whether this process has a handler for the entry's kind (registered before start, so any
+  /// thread may ask).
+  bool has_handler(const attempt_entry& entry) const;
+  /// Posts the handler of an entry that has one to the pool, after its admission was posted.
+  /// Any thread.
   void run(const entry_ptr& entry);
-  /// Holds the attempt (in-flight table, running count, `started` event); one that was not
-  /// launched has no handler here and is snoozed back. Control thread.
+  /// Holds the attempt (in-flight table, running count, `started` event) of a claim whose
+  /// handlers were launched; one without a handler here is snoozed back. Control thread.
   void admit(const entry_ptr& entry);
 
  private:
