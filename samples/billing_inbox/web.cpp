@@ -10,7 +10,7 @@
 namespace billing {
 namespace {
 
-constexpr milliseconds k_pool_wait{5'000};
+constexpr milliseconds k_request_pool_wait{5'000};
 constexpr std::int64_t k_max_amount_cents = 100'000'000;  // one million, in cents
 constexpr std::size_t k_max_customer = 100;
 
@@ -86,7 +86,7 @@ response create_order(const config& cfg, session_pool& pool, const request& req)
   }
   const auto& in = std::get<order_input>(parsed);
   std::string why;
-  auto db = pool.acquire(k_pool_wait, &why);
+  auto db = pool.acquire(k_request_pool_wait, &why);
   if (!db) return unavailable(why);
   const std::string orders = cfg.app_schema + ".orders";
   try {
@@ -162,7 +162,7 @@ response get_order(const config& cfg, session_pool& pool, std::string_view id_te
   if (ec != std::errc{} || end != id_text.data() + id_text.size() || id <= 0)
     return error_response(http::status::bad_request, "order id must be a positive integer");
   std::string why;
-  auto db = pool.acquire(k_pool_wait, &why);
+  auto db = pool.acquire(k_request_pool_wait, &why);
   if (!db) return unavailable(why);
   try {
     std::string body;

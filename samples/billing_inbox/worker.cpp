@@ -12,7 +12,7 @@
 namespace billing {
 namespace {
 
-constexpr milliseconds k_pool_wait{10'000};
+constexpr milliseconds k_job_pool_wait{10'000};
 
 struct charge_args {
   std::int64_t order_id = 0;
@@ -34,7 +34,7 @@ class charge_handler {
     // 0. What to charge (a plain read; no connection is held during the provider call).
     long long amount = 0;
     {
-      auto db = pool_->acquire(k_pool_wait, &why);
+      auto db = pool_->acquire(k_job_pool_wait, &why);
       if (!db) return fail_retry(ctx, why, tenure::errc::database_unavailable);
       try {
         **db << "SELECT amount_cents FROM " + table("orders") + " WHERE id = :id", soci::use(order_id), soci::into(amount);
@@ -79,7 +79,7 @@ class charge_handler {
 
     // 2. One short transaction on the application's own connection: the order is paid, the
     //    receipt job is enqueued (outbox) and this attempt is completed, all or nothing.
-    auto db = pool_->acquire(k_pool_wait, &why);
+    auto db = pool_->acquire(k_job_pool_wait, &why);
     if (!db) return fail_retry(ctx, why, tenure::errc::database_unavailable);
     try {
       soci::transaction tx{**db};
@@ -154,7 +154,7 @@ class charge_handler {
   template <class Fn>
   void with_session(Fn&& fn) const {
     std::string why;
-    if (auto db = pool_->acquire(k_pool_wait, &why)) fn(**db);
+    if (auto db = pool_->acquire(k_job_pool_wait, &why)) fn(**db);
   }
 
   /// One row of charge_log. Best effort outside a transaction; inside one (swallow = false) a
@@ -181,7 +181,7 @@ class charge_handler {
 /// flushes its completion in a batch. At-least-once: the row's primary key keeps it to one.
 tenure::job_outcome send_receipt(const config& cfg, session_pool& pool, const receipt_args& a, tenure::job_context& ctx) {
   std::string why;
-  auto db = pool.acquire(k_pool_wait, &why);
+  auto db = pool.acquire(k_job_pool_wait, &why);
   if (!db) return tenure::job_outcome::retry(why);
   long long order_id = a.order_id, job = ctx.job_id(), lease = ctx.run_lease();
   std::string customer;
