@@ -1312,6 +1312,16 @@ TEST_F(cli_pg, bench_runtime_drains_every_job_with_batched_commits) {
   EXPECT_FALSE(schema_exists(in_own, j)) << "the bench schema is dropped after the run";
 }
 
+TEST_F(cli_pg, bench_runtime_splits_its_resident_set_into_allocated_and_mapped_memory) {
+  own_database own{*db_, dsn_};
+  const auto j = run_bench(own.dsn(), {"--mode", "runtime", "--jobs", "200", "--pickup-samples", "3"});
+  const double anon = j.at("rss_anon_mb_after_pickups"), file = j.at("rss_file_mb_after_pickups");
+  EXPECT_GT(anon, 0) << j;
+  EXPECT_GT(file, 1) << j << " (the binary's own code is mapped)";
+  // Read after the pickups, within the run's peak (rounded to 0.1 MB each).
+  EXPECT_LE(anon + file, j.at("peak_rss_mb").get<double>() + 0.2) << j;
+}
+
 TEST_F(cli_pg, bench_runtime_checkpoint_first_checkpoints_before_the_run_and_says_so) {
   own_database own{*db_, dsn_};
   const auto requested_checkpoints = [&] {

@@ -12,14 +12,23 @@ using namespace std::chrono_literals;
 
 double seconds_since(clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); }
 
-double peak_rss_mb() {
+namespace {
+/// A "Name:   N kB" line of /proc/self/status, in MB (0 where the kernel does not report it).
+double status_mb(std::string_view name) {
   std::ifstream status("/proc/self/status");
   std::string line;
   while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+    if (line.size() > name.size() && line.compare(0, name.size(), name) == 0 && line[name.size()] == ':') {
+      return std::stod(line.substr(name.size() + 1)) / 1024.0;
+    }
   }
   return 0;
 }
+}  // namespace
+
+double peak_rss_mb() { return status_mb("VmHWM"); }
+
+rss_split resident_now() { return {status_mb("RssAnon"), status_mb("RssFile") + status_mb("RssShmem")}; }
 
 std::string random_hex() {
   std::mt19937_64 rng{std::random_device{}()};

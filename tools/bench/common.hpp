@@ -32,6 +32,14 @@ inline constexpr const char* k_enqueue_queue = "bench_enqueue";  ///< runtime: t
 double seconds_since(clock::time_point t0);
 /// This process's peak resident set (VmHWM), in MB.
 double peak_rss_mb();
+/// This process's resident set now, in MB, split into anonymous memory (heap, thread stacks,
+/// malloc's per-thread arenas) and file-backed pages (the mapped code of the binary and its
+/// libraries, and shared memory).
+struct rss_split {
+  double anon_mb = 0;
+  double file_mb = 0;
+};
+rss_split resident_now();
 /// Eight random hex digits, for schema names.
 std::string random_hex();
 

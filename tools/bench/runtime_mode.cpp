@@ -72,6 +72,7 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
   const auto pickups_before = read_counters(admin);
   auto lat = pickup_latencies(o.dsn, schema, last_start_ns, last_job, o.pickup_samples);
   const auto pickups_after = read_counters(admin);
+  const auto resident = resident_now();  // after the drain and the pickups, before the enqueue paths
   idle_rt->stop();
   idle_rt.reset();
 
@@ -111,7 +112,11 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
           {"flush_max_size", drained.flush_max_size},
           {"cpu_busy_pct", drain_cpu.busy_pct},
           {"cpu_steal_pct", drain_cpu.steal_pct},
-          {"peak_rss_mb", rounded(peak_rss_mb(), 1)}};
+          {"peak_rss_mb", rounded(peak_rss_mb(), 1)},
+          // The resident set right after the drain and the pickups: what the process allocated
+          // (anon) apart from the code it maps (file).
+          {"rss_anon_mb_after_pickups", rounded(resident.anon_mb, 1)},
+          {"rss_file_mb_after_pickups", rounded(resident.file_mb, 1)}};
 }
 
 }  // namespace tenure::bench
