@@ -84,6 +84,13 @@ std::string random_suffix() {
   return s;
 }
 
+std::string random_hex(int digits) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::string s;
+  for (int i = 0; i < digits; ++i) s += "0123456789abcdef"[rng() % 16];
+  return s;
+}
+
 const std::string& sql_result::at(std::size_t row, std::size_t col) const {
   const auto& c = rows.at(row).at(col);
   if (!c) throw std::runtime_error("NULL cell");

@@ -24,6 +24,8 @@ std::string dsn_with_user(const std::string& dsn, const std::string& user);
 std::string keyword_dsn(const std::string& dsn);
 /// A short random lowercase hex string for unique names.
 std::string random_suffix();
+/// `digits` random lowercase hex digits, for unique names.
+std::string random_hex(int digits);
 
 using cell = std::optional<std::string>;
 

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "migrations.hpp"  // migrate_up_to: installs an older schema version
+#include "support/pg.hpp"
 #include "tenure/postgres/runtime.hpp"
 #include "tenure/postgres/schema.hpp"
 
@@ -141,13 +142,7 @@ void expect_success(const run_result& r) {
   EXPECT_EQ(r.err, "") << r;
 }
 
-std::string random_hex(int digits) {
-  static std::mt19937_64 gen{std::random_device{}()};
-  static const char* hex = "0123456789abcdef";
-  std::string s;
-  for (int i = 0; i < digits; ++i) s += hex[gen() % 16];
-  return s;
-}
+using tenure::test::random_hex;
 
 // ---- the database, for setup and checks ------------------------------------------------------
 
@@ -1482,8 +1477,6 @@ TEST_F(cli_pg, bench_keep_schema_leaves_the_named_schema_for_inspection) {
   db_->exec("DROP SCHEMA " + schema + " CASCADE");
 }
 
-}  // namespace
-
 // ---- through a transaction-pooling pooler ----------------------------------------------------
 
 /// The same commands through a PgBouncer with its default settings in transaction pooling mode
@@ -1556,8 +1549,6 @@ TEST_F(cli_pooler, errors_through_transaction_pooling_are_still_one_line) {
 
 // ---- doctor ------------------------------------------------------------------------------------
 
-namespace {
-
 /// The findings of one check in a doctor document.
 std::vector<nlohmann::json> findings_of(const nlohmann::json& doc, const std::string& check) {
   std::vector<nlohmann::json> out;
@@ -1586,8 +1577,6 @@ void expect_only(const nlohmann::json& doc, const std::string& check) {
     }
   }
 }
-
-}  // namespace
 
 class cli_doctor : public cli_pg {
  protected:
@@ -1822,3 +1811,5 @@ TEST_F(cli_doctor_pooler, a_transaction_pooler_is_named_as_unfit_for_a_runtime) 
   EXPECT_EQ(f["details"]["session"], "pooled_without_session");
   expect_only(doc, "pooler");
 }
+
+}  // namespace

@@ -26,18 +26,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/pg.hpp"
+
 extern char** environ;
 
 namespace {
 
 using namespace std::chrono_literals;
 
-std::string random_hex(int digits) {
-  static std::mt19937_64 gen{std::random_device{}()};
-  std::string s;
-  for (int i = 0; i < digits; ++i) s += "0123456789abcdef"[gen() % 16];
-  return s;
-}
+using tenure::test::random_hex;
 
 /// Runs SQL; the first column of the first row.
 std::optional<std::string> sql(const std::string& dsn, const std::string& statement) {
