@@ -143,7 +143,8 @@ class runtime {
   void heartbeat_now();
   void flush_now();
   void maintenance_now();
-  /// Blocks until nothing is in flight and no completion is pending, or `timeout` passes.
+  /// Blocks until nothing is in flight (no attempt held, no claim awaiting its answer) and no
+  /// completion is pending, or `timeout` passes.
   bool wait_idle(std::chrono::milliseconds timeout);
 
  private:

@@ -61,6 +61,7 @@ void dispatcher::hand_over(queue_state& q, int asked, result<std::vector<claimed
     core.on_ctl([this, &q, asked, e = r.error()] {
       on_claimed(q, asked, e, false);
       core.check_waiters();
+      core.check_idle();
     });
     return;
   }
@@ -78,6 +79,7 @@ void dispatcher::hand_over(queue_state& q, int asked, result<std::vector<claimed
   core.on_ctl([this, &q, asked, entries = std::move(entries), launch]() mutable {
     on_claimed(q, asked, std::move(entries), launch);
     core.check_waiters();
+    core.check_idle();
   });
   for (const auto& e : to_run) exec.run(e);
 }

@@ -58,7 +58,10 @@ struct runtime::impl {
         beat(core, table),
         maint(core, table, lead, dispatch, sig != nullptr),
         sigs(core, table, lead, dispatch, std::move(sig)) {
-    core.idle_now = [this] { return table.in_flight.empty() && settle.idle() && core.outstanding_ops == 0; };
+    // A claim awaiting its answer counts: the attempts it takes may already be running.
+    core.idle_now = [this] {
+      return table.in_flight.empty() && settle.idle() && core.outstanding_ops == 0 && !dispatch.claiming();
+    };
   }
 
   detail::control core;

@@ -279,6 +279,31 @@ TEST_F(runtime_unit, stop_waits_for_a_claim_in_flight_and_runs_what_it_claimed) 
   EXPECT_EQ(state(id), job_state::completed);
 }
 
+TEST_F(runtime_unit, wait_idle_counts_a_claim_awaiting_its_answer_as_work_in_flight) {
+  auto rt = make(config());
+  std::atomic<bool> release{false};
+  std::atomic<int> ran{0};
+  rt->handle("k", [&](job_context&) {
+    while (!release.load()) std::this_thread::sleep_for(1ms);
+    ++ran;
+    return job_outcome::completed();
+  });
+  ASSERT_TRUE(rt->start());
+  faulty_->hold(op::claim);
+  const auto before = faulty_->calls(op::claim);
+  const auto id = enqueue();
+  ASSERT_TRUE(eventually([&] { return faulty_->calls(op::claim) > before; })) << "a claim is on its way";
+  EXPECT_FALSE(rt->wait_idle(100ms)) << "the claim in flight may take a job";
+  faulty_->release(op::claim);
+  // The claim took the job: its handler runs (held here) until released.
+  EXPECT_FALSE(rt->wait_idle(100ms)) << "the claimed attempt is running";
+  release = true;
+  EXPECT_TRUE(rt->wait_idle(10s));
+  EXPECT_EQ(ran.load(), 1);
+  EXPECT_EQ(state(id), job_state::completed);
+  rt->stop();
+}
+
 TEST_F(runtime_unit, a_claimed_handler_starts_without_waiting_for_the_control_thread) {
   // The claim's answer hands the handler to the pool where it arrives; the control thread, held
   // here inside the `started` hook, admits the attempt when it gets to it, and the handler's exit
