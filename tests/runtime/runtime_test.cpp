@@ -262,10 +262,7 @@ TEST_F(runtime_unit, stop_waits_for_a_claim_in_flight_and_runs_what_it_claimed) 
     return job_outcome::completed();
   });
   ASSERT_TRUE(rt->start());
-  faulty_->hold(op::claim);
-  const auto before = faulty_->calls(op::claim);
-  const auto id = enqueue();
-  ASSERT_TRUE(eventually([&] { return faulty_->calls(op::claim) > before; })) << "a claim is on its way";
+  const auto id = enqueue_under_a_held_claim();
   std::atomic<bool> stopped{false};
   std::thread stopper([&] {
     rt->stop();
@@ -289,10 +286,7 @@ TEST_F(runtime_unit, wait_idle_counts_a_claim_awaiting_its_answer_as_work_in_fli
     return job_outcome::completed();
   });
   ASSERT_TRUE(rt->start());
-  faulty_->hold(op::claim);
-  const auto before = faulty_->calls(op::claim);
-  const auto id = enqueue();
-  ASSERT_TRUE(eventually([&] { return faulty_->calls(op::claim) > before; })) << "a claim is on its way";
+  const auto id = enqueue_under_a_held_claim();
   EXPECT_FALSE(rt->wait_idle(100ms)) << "the claim in flight may take a job";
   faulty_->release(op::claim);
   // The claim took the job: its handler runs (held here) until released.
@@ -346,10 +340,7 @@ TEST_F(runtime_unit, a_claim_answered_after_the_shutdown_timeout_is_given_back_w
   rt->handle("k", [](job_context&) { return job_outcome::completed(); });
   ASSERT_TRUE(rt->start());
   watching_log gave_up{"after the shutdown timeout"};
-  faulty_->hold(op::claim);
-  const auto before = faulty_->calls(op::claim);
-  const auto id = enqueue();
-  ASSERT_TRUE(eventually([&] { return faulty_->calls(op::claim) > before; }));
+  const auto id = enqueue_under_a_held_claim();
   std::thread stopper([&] { rt->stop(); });
   ASSERT_TRUE(eventually([&] { return gave_up.hits() > 0; })) << "stop() gave up waiting for the claim's handlers";
   faulty_->release(op::claim);

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "support/eventually.hpp"
 #include "tenure/clock.hpp"
 #include "tenure/runtime.hpp"
 #include "tenure/signal_port.hpp"
@@ -46,6 +47,17 @@ class sqlite_runtime_fixture : public ::testing::Test {
     auto id = inner_->enqueue({.kind = std::move(kind)});
     if (!id) throw std::runtime_error(id.error().message());
     return id.value();
+  }
+  /// Holds every claim inside the store (faulty_store::hold), enqueues one job and returns its
+  /// id once a claim that may take it is on its way; the test releases op::claim.
+  std::int64_t enqueue_under_a_held_claim() {
+    faulty_->hold(testing::op::claim);
+    const auto before = faulty_->calls(testing::op::claim);
+    const auto id = enqueue();
+    if (!eventually([&] { return faulty_->calls(testing::op::claim) > before; })) {
+      throw std::runtime_error("no claim started after the enqueue");
+    }
+    return id;
   }
   job_state state(std::int64_t id) { return inner_->read_job(id).value().state; }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -13,22 +14,26 @@ using namespace std::chrono_literals;
 double seconds_since(clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); }
 
 namespace {
-/// A "Name:   N kB" line of /proc/self/status, in MB (0 where the kernel does not report it).
-double status_mb(std::string_view name) {
+/// Every "Name:   N kB" line of /proc/self/status, in MB, from one read of the file.
+std::map<std::string, double> status_mb() {
+  std::map<std::string, double> mb;
   std::ifstream status("/proc/self/status");
   std::string line;
   while (std::getline(status, line)) {
-    if (line.size() > name.size() && line.compare(0, name.size(), name) == 0 && line[name.size()] == ':') {
-      return std::stod(line.substr(name.size() + 1)) / 1024.0;
-    }
+    const auto colon = line.find(':');
+    if (colon == std::string::npos || !line.ends_with(" kB")) continue;
+    mb[line.substr(0, colon)] = std::stod(line.substr(colon + 1)) / 1024.0;
   }
-  return 0;
+  return mb;
 }
 }  // namespace
 
-double peak_rss_mb() { return status_mb("VmHWM"); }
+double peak_rss_mb() { return status_mb()["VmHWM"]; }
 
-rss_split resident_now() { return {status_mb("RssAnon"), status_mb("RssFile") + status_mb("RssShmem")}; }
+rss_split resident_now() {
+  auto mb = status_mb();
+  return {mb["RssAnon"], mb["RssFile"] + mb["RssShmem"]};
+}
 
 std::string random_hex() {
   std::mt19937_64 rng{std::random_device{}()};
