@@ -1317,6 +1317,18 @@ TEST_F(cli_pg, bench_runtime_splits_its_resident_set_into_allocated_and_mapped_m
   EXPECT_LE(anon + file, j.at("peak_rss_mb").get<double>() + 0.2) << j;
 }
 
+TEST_F(cli_pg, bench_runtime_reports_its_peak_through_the_pickups_apart_from_the_enqueue_paths) {
+  own_database own{*db_, dsn_};
+  // Batches of 25,000 jobs in the enqueue paths that run last: their arrays and COPY text (several
+  // MB at once) lift the process's peak above anything the drain and the pickups needed.
+  const auto j = run_bench(own.dsn(), {"--mode", "runtime", "--jobs", "200", "--pickup-samples", "3",
+                                       "--enqueue-batch", "25000"});
+  const double through = j.at("peak_rss_mb_through_pickups"), peak = j.at("peak_rss_mb");
+  const double resident = j.at("rss_anon_mb_after_pickups").get<double>() + j.at("rss_file_mb_after_pickups").get<double>();
+  EXPECT_GE(through + 0.2, resident) << j << " (read as the pickups end, so at least what was resident then)";
+  EXPECT_GE(peak, through + 2.0) << j << " (the enqueue paths' batches come after that reading)";
+}
+
 TEST_F(cli_pg, bench_runtime_checkpoint_first_checkpoints_before_the_run_and_says_so) {
   own_database own{*db_, dsn_};
   const auto requested_checkpoints = [&] {
