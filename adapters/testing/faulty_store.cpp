@@ -65,6 +65,11 @@ std::int64_t faulty_store::forwarded(op o) const noexcept {
   return forwarded_[static_cast<std::size_t>(o)];
 }
 
+std::int64_t faulty_store::waiting(op o) const noexcept {
+  std::lock_guard lock(mutex_);
+  return waiting_[static_cast<std::size_t>(o)];
+}
+
 faulty_store::decision faulty_store::decide(op o) {
   std::lock_guard lock(mutex_);
   const auto i = static_cast<std::size_t>(o);
@@ -87,7 +92,12 @@ result<T> faulty_store::call(op o, Forward&& forward) {
   const decision d = decide(o);
   {
     std::unique_lock lock(mutex_);
-    released_.wait(lock, [&] { return !held_[static_cast<std::size_t>(o)]; });
+    const auto i = static_cast<std::size_t>(o);
+    if (held_[i]) {
+      ++waiting_[i];
+      released_.wait(lock, [&] { return !held_[i]; });
+      --waiting_[i];
+    }
   }
   if (d.kind == fault::refuse) return d.code;
   result<T> r = std::forward<Forward>(forward)();

@@ -49,13 +49,14 @@ class sqlite_runtime_fixture : public ::testing::Test {
     return id.value();
   }
   /// Holds every claim inside the store (faulty_store::hold), enqueues one job and returns its
-  /// id once a claim that may take it is on its way; the test releases op::claim.
+  /// id once a claim waits at the hold: released, it reads the store after the enqueue, so it
+  /// takes the job (whether it began before the enqueue or after). The test releases op::claim.
   std::int64_t enqueue_under_a_held_claim() {
     faulty_->hold(testing::op::claim);
-    const auto before = faulty_->calls(testing::op::claim);
     const auto id = enqueue();
-    if (!eventually([&] { return faulty_->calls(testing::op::claim) > before; })) {
-      throw std::runtime_error("no claim started after the enqueue");
+    if (!eventually([&] { return faulty_->waiting(testing::op::claim) > 0; })) {
+      faulty_->release(testing::op::claim);  // else the runtime's stop() would wait on it forever
+      throw std::runtime_error("no claim reached the hold after the enqueue");
     }
     return id;
   }

@@ -82,6 +82,9 @@ class faulty_store final : public storage_port {
   std::int64_t calls(op o) const noexcept;
   /// Calls of `o` that reached the inner store.
   std::int64_t forwarded(op o) const noexcept;
+  /// Calls of `o` waiting inside the decorator for release(o) now. Each reaches the inner store
+  /// only after the release, so it reads what was written before that.
+  std::int64_t waiting(op o) const noexcept;
 
   // ---- storage_port ------------------------------------------------------------------------
   /// try_enqueue and enqueue count as op::enqueue; the batch forms as op::enqueue_batch.
@@ -150,6 +153,7 @@ class faulty_store final : public storage_port {
   std::vector<rule> rules_;
   std::array<std::int64_t, k_op_count> calls_{};
   std::array<std::int64_t, k_op_count> forwarded_{};
+  std::array<std::int64_t, k_op_count> waiting_{};
   bool connected_ = true;
 };
 

@@ -197,6 +197,22 @@ TEST_F(sqlite_faulty_store, a_held_operation_waits_counted_but_unforwarded_until
   EXPECT_TRUE(returned.load());
 }
 
+TEST_F(sqlite_faulty_store, a_held_operation_is_counted_as_waiting_until_released) {
+  faulty_store db(*inner_);
+  must(db.enqueue(job()));
+  EXPECT_THAT(must(db.claim("default", 10, "w")), SizeIs(1));
+  EXPECT_EQ(db.waiting(op::claim), 0) << "a call made while nothing is held never waits";
+  db.hold(op::claim);
+  std::thread t([&] { EXPECT_THAT(must(db.claim("default", 10, "w")), SizeIs(1)); });
+  while (db.waiting(op::claim) == 0) std::this_thread::yield();
+  EXPECT_EQ(db.waiting(op::claim), 1);
+  EXPECT_EQ(db.waiting(op::enqueue), 0);
+  must(db.enqueue(job()));  // written while the claim waits: the claim reads it once released
+  db.release(op::claim);
+  t.join();
+  EXPECT_EQ(db.waiting(op::claim), 0);
+}
+
 TEST_F(sqlite_faulty_store, faults_are_counted_exactly_across_threads) {
   faulty_store db(*inner_);
   db.fail_nth(op::enqueue, 50, errc::database_unavailable);
