@@ -92,8 +92,8 @@ void dispatcher::arm_queue_timer(queue_state& q, milliseconds d) {
 }
 
 void dispatcher::on_claimed(queue_state& q, int asked, result<std::vector<entry_ptr>> r, bool launched) {
-  q.claiming = false;
   if (!r) {
+    q.claiming = false;
     q.free += asked;
     m.database_errors.fetch_add(1, std::memory_order_relaxed);
     q.error_backoff = next_backoff(q.error_backoff);
@@ -111,12 +111,25 @@ void dispatcher::on_claimed(queue_state& q, int asked, result<std::vector<entry_
   if (!launched) {
     // Claimed while stop() was giving up on handlers: nothing will run them here, so they
     // go back at once, without spending an attempt (and without holding permits).
+    q.claiming = false;
     q.free += asked;
     for (const auto& e : got) give_back(e->claim);
     return;
   }
   q.free += asked - static_cast<int>(got.size());
-  for (const auto& e : got) exec.admit(e);
+  for (const auto& e : got) {
+    if (core.abandoning && !exec.has_handler(*e)) {
+      // Launched just before stop() gave up on handlers and answered here after: no handler of
+      // this kind runs it, so it goes back like the rest of a claim answered after the timeout.
+      ++q.free;
+      give_back(e->claim);
+      continue;
+    }
+    exec.admit(e);
+  }
+  // Only now: until every attempt of the answer is admitted, the claim is what keeps wait_idle()
+  // and stop() from taking the runtime for idle.
+  q.claiming = false;
   if (static_cast<int>(got.size()) == asked) {
     q.drained = false;
     q.idle_step = milliseconds{0};

@@ -352,6 +352,67 @@ TEST_F(runtime_unit, a_claim_answered_after_the_shutdown_timeout_is_given_back_w
   EXPECT_EQ(rt->metrics().claimed, 0u);
 }
 
+TEST_F(runtime_unit, a_claim_launched_just_before_the_shutdown_timeout_gives_back_the_jobs_it_has_no_handler_for) {
+  // The claim's database thread decides to launch before stop() gives up on handlers; its answer
+  // reaches the control thread only after stop() has. A job of a kind with no handler here is
+  // then given back at once (no attempt spent), as a claim answered after the timeout does, not
+  // left open for rescue. The control thread is held inside a `completed` hook while stop()
+  // queues its give-up step and the claim is answered, so the three happen in that order.
+  auto c = config();
+  c.shutdown_timeout = 500ms;
+  auto rt = make(c);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool quick_may_finish = false, hook_may_return = false, blocker_may_return = false, in_hook = false;
+  const auto wait_for = [&](bool& flag) {
+    std::unique_lock lock(mu);
+    cv.wait_for(lock, 20s, [&] { return flag; });
+  };
+  const auto open = [&](bool& flag) {
+    {
+      std::lock_guard lock(mu);
+      flag = true;
+    }
+    cv.notify_all();
+  };
+  rt->handle("block", [&](job_context&) {
+    wait_for(blocker_may_return);
+    return job_outcome::completed();
+  });
+  rt->handle("quick", [&](job_context&) {
+    wait_for(quick_may_finish);
+    return job_outcome::completed();
+  });
+  rt->on_event([&](const job_event& e) {
+    if (e.event != lifecycle_event::completed || e.kind != "quick") return;
+    open(in_hook);
+    wait_for(hook_may_return);
+  });
+  const auto blocker = enqueue("block");
+  const auto quick = enqueue("quick");
+  ASSERT_TRUE(rt->start());
+  ASSERT_TRUE(eventually([&] { return state(blocker) == job_state::running && state(quick) == job_state::running; }));
+  const auto orphan = enqueue_under_a_held_claim();  // kind "k": no handler here
+  watching_log gave_up{"after the shutdown timeout"};
+  std::thread stopper([&] { rt->stop(); });
+  std::this_thread::sleep_for(100ms);  // stop() stops claiming and starts waiting for handlers
+  open(quick_may_finish);              // its completion holds the control thread in the hook
+  wait_for(in_hook);
+  std::this_thread::sleep_for(1s);  // past the shutdown timeout: stop() queues its give-up step
+  EXPECT_EQ(gave_up.hits(), 0) << "the give-up step waits behind the hook";
+  faulty_->release(op::claim);  // the claim is answered and launched: stop() has not given up yet
+  ASSERT_TRUE(eventually([&] { return faulty_->waiting(op::claim) == 0 && faulty_->forwarded(op::claim) > 0; }));
+  std::this_thread::sleep_for(100ms);  // its answer queues behind the give-up step
+  open(hook_may_return);
+  ASSERT_TRUE(eventually([&] { return gave_up.hits() > 0; }));
+  open(blocker_may_return);
+  stopper.join();
+  const auto j = inner_->read_job(orphan).value();
+  EXPECT_TRUE(j.state == job_state::available || j.state == job_state::scheduled)
+      << "given back, not left open for rescue: " << to_string(j.state);
+  EXPECT_EQ(j.attempt, 0) << "no attempt spent";
+}
+
 TEST_F(runtime_unit, a_hook_that_throws_anything_is_logged_and_the_job_still_completes) {
   const auto id = enqueue();
   auto rt = make(config());
