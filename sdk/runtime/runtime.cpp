@@ -236,8 +236,8 @@ void runtime::stop() noexcept {
                            d.core.running_handlers);
             }
             if (d.dispatch.claiming()) {
-              tenure::logger()->warn("tenure: a claim is still in flight after the shutdown timeout; what it takes is given "
-                           "back without spending an attempt");
+              tenure::logger()->warn("tenure: a claim is still in flight after the shutdown timeout; the jobs it takes that "
+                           "have not started are given back without spending an attempt");
             }
             for (auto& [id, e] : d.table.in_flight) e->cancel();
             done();
