@@ -32,7 +32,7 @@ double peak_rss_mb() { return status_mb()["VmHWM"]; }
 
 rss_split resident_now() {
   auto mb = status_mb();
-  return {mb["RssAnon"], mb["RssFile"] + mb["RssShmem"]};
+  return {mb["RssAnon"], mb["RssFile"] + mb["RssShmem"], mb["VmHWM"]};
 }
 
 std::string random_hex() {

@@ -34,10 +34,11 @@ double seconds_since(clock::time_point t0);
 double peak_rss_mb();
 /// This process's resident set now, in MB, split into anonymous memory (heap, thread stacks,
 /// malloc's per-thread arenas) and file-backed pages (the mapped code of the binary and its
-/// libraries, and shared memory).
+/// libraries, and shared memory), with its peak so far (VmHWM), from one read.
 struct rss_split {
   double anon_mb = 0;
   double file_mb = 0;
+  double peak_mb = 0;
 };
 rss_split resident_now();
 /// Eight random hex digits, for schema names.

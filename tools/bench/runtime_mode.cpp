@@ -73,7 +73,6 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
   auto lat = pickup_latencies(o.dsn, schema, last_start_ns, last_job, o.pickup_samples);
   const auto pickups_after = read_counters(admin);
   const auto resident = resident_now();  // after the drain and the pickups, before the enqueue paths
-  const double peak_through_pickups = peak_rss_mb();
   idle_rt->stop();
   idle_rt.reset();
 
@@ -117,7 +116,7 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
           // The peak up to the end of the pickups: the enqueue, the drain and the pickups, without
           // the enqueue paths' comparison that runs last (its 5,000-job batches hold their arrays
           // and COPY text at once).
-          {"peak_rss_mb_through_pickups", rounded(peak_through_pickups, 1)},
+          {"peak_rss_mb_through_pickups", rounded(resident.peak_mb, 1)},
           // The resident set right after the drain and the pickups: what the process allocated
           // (anon) apart from the code it maps (file).
           {"rss_anon_mb_after_pickups", rounded(resident.anon_mb, 1)},
