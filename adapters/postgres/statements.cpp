@@ -69,7 +69,7 @@ statements::statements(const std::string& s)
                 "OR pg_has_role((SELECT d.datdba FROM pg_database d WHERE d.datname = current_database()), 'USAGE') "
                 "FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid "
                 "CROSS JOIN (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) r "
-                "WHERE s.schemaname = $1 AND s.relname IN ('ready', 'open_claims') AND s.n_dead_tup >= $2::bigint "
+                "WHERE s.schemaname = $1 AND s.relname IN ('ready', 'open_claims', 'runs') AND s.n_dead_tup >= $2::bigint "
                 "ORDER BY s.relname"},
       copy_target{"tenure_enqueue_copy_target", "SELECT " + s + ".enqueue_copy_target($1::boolean)"},
       copy_move{"tenure_enqueue_copied", "SELECT " + s + ".enqueue_copied()"},

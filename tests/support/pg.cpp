@@ -156,6 +156,26 @@ std::string pg::scalar(const std::string& sql, const std::vector<cell>& params) 
   return r.rows[0][0].value_or("<NULL>");
 }
 
+void pg::copy_in(const std::string& copy_sql, const std::string& data) {
+  PGresult* r = PQexec(conn_, copy_sql.c_str());
+  const bool started = PQresultStatus(r) == PGRES_COPY_IN;
+  std::string error = started ? "" : PQresultErrorMessage(r);
+  PQclear(r);
+  if (!started) throw std::runtime_error("COPY did not start: " + error + " in: " + copy_sql);
+  if (PQputCopyData(conn_, data.data(), static_cast<int>(data.size())) != 1 || PQputCopyEnd(conn_, nullptr) != 1) {
+    throw std::runtime_error(std::string{"COPY data not sent: "} + PQerrorMessage(conn_));
+  }
+  bool ok = true;
+  while ((r = PQgetResult(conn_)) != nullptr) {
+    if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+      ok = false;
+      error = PQresultErrorMessage(r);
+    }
+    PQclear(r);
+  }
+  if (!ok) throw std::runtime_error("COPY failed: " + error + " in: " + copy_sql);
+}
+
 scoped_schema::scoped_schema(std::string prefix)
     : dsn_(test_dsn()), name_(std::move(prefix) + "_" + random_suffix()) {
   auto m = tenure::postgres::migrate(dsn_, name_);

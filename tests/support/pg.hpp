@@ -58,6 +58,8 @@ class pg {
   sql_result exec(const std::string& sql, const std::vector<cell>& params = {});
   /// The first cell of the first row of exec(sql).
   std::string scalar(const std::string& sql, const std::vector<cell>& params = {});
+  /// Runs `copy_sql` (a COPY ... FROM STDIN) with `data` in its text format; throws on any error.
+  void copy_in(const std::string& copy_sql, const std::string& data);
   PGconn* native() const noexcept { return conn_; }
 
  private:

@@ -135,6 +135,31 @@ TEST_F(trace_pg, a_run_through_every_closing_function_records_committed_transiti
   EXPECT_EQ(r.by_transition.value("cancelled->available", 0), 1);
 }
 
+TEST_F(trace_pg, jobs_of_a_bulk_batch_in_a_run_row_are_recorded_available_taken_and_cancelled_and_pass) {
+  install(false);
+  db_.exec("BEGIN");
+  db_.copy_in("COPY " + s("specs") + " (kind, args, queue, priority, max_attempts, metadata) FROM STDIN",
+              "k\t{}\tdefault\t2\t3\t{}\nk\t{}\tdefault\t2\t3\t{}\nk\t{}\tdefault\t2\t3\t{}\n"
+              "k\t{}\tdefault\t2\t3\t{}\nk\t{}\tdefault\t2\t3\t{}\n");
+  const auto ids = db_.scalar("SELECT " + s("enqueue_copied_ready") + "(5)");
+  db_.exec("COMMIT");
+  ASSERT_EQ(db_.scalar("SELECT count(*) FROM " + s("runs")), "1");
+  const auto first = db_.scalar("SELECT ($1::bigint[])[1]", {ids});
+  const auto third = db_.scalar("SELECT ($1::bigint[])[3]", {ids});
+  ASSERT_EQ(claim(), first);
+  complete(first);
+  db_.exec("SELECT " + s("cancel_job") + "($1)", {third});  // cut out of the run
+  for (int i = 0; i < 3; ++i) complete(claim());
+  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("runs")), "0");
+
+  const auto r = checked();
+  EXPECT_TRUE(r.ok()) << trace::to_json(r).dump(2);
+  EXPECT_EQ(r.jobs, 5u);
+  EXPECT_EQ(r.by_transition.value("available->running", 0), 4) << r.by_transition.dump();
+  EXPECT_EQ(r.by_transition.value("available->cancelled", 0), 1) << r.by_transition.dump();
+  EXPECT_EQ(r.by_transition.value("running->completed", 0), 4);
+}
+
 TEST_F(trace_pg, jobs_from_before_the_recorder_are_checked_from_where_the_trace_first_sees_them) {
   const auto rescued = db_.scalar("SELECT " + s("enqueue") + "('a')");
   ASSERT_EQ(claim(), rescued);

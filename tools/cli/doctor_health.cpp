@@ -92,9 +92,13 @@ findings check_stale_attempts(pg_session& db, const settings& st) {
 findings check_queue_age(pg_session& db, const settings& st) {
   const std::string s = db.quote_ident(st.schema);
   const auto rows = db.query(
-      "SELECT r.queue, count(*), extract(epoch FROM clock_timestamp() - min(r.run_at)), "
+      // The available jobs: ready rows, and the untaken ids of bulk batches' run rows.
+      "SELECT r.queue, sum(r.n), extract(epoch FROM clock_timestamp() - min(r.since)), "
       "       coalesce(bool_or(q.paused), false) "
-      "  FROM " + s + ".ready r LEFT JOIN " + s + ".queues q ON q.name = r.queue "
+      "  FROM (SELECT queue, 1 AS n, run_at AS since FROM " + s + ".ready "
+      "        UNION ALL "
+      "        SELECT queue, cardinality(job_ids) - taken, created_at FROM " + s + ".runs) r "
+      "  LEFT JOIN " + s + ".queues q ON q.name = r.queue "
       " GROUP BY r.queue ORDER BY 3 DESC, 1",
       {}, "cannot read the available jobs");
   const double limit = std::chrono::duration<double>(st.max_queue_age).count();

@@ -126,7 +126,7 @@ result<void> remove(const std::string& dsn, const std::string& schema) {
     }
   }
   std::string sql;
-  for (const char* t : {"ready", "deferred", "claims", "closures", "dead_letter"}) {
+  for (const char* t : {"ready", "runs", "deferred", "claims", "closures", "dead_letter"}) {
     for (const char* g : {"trace_insert", "trace_delete", "trace_update"}) {
       sql += std::string{"DROP TRIGGER IF EXISTS "} + g + " ON " + schema + "." + t + ";\n";
     }
@@ -136,7 +136,7 @@ result<void> remove(const std::string& dsn, const std::string& schema) {
   sql += "DROP TABLE IF EXISTS " + schema + ".trace_events, " + schema + ".trace_commits, " + schema +
          ".trace_business;\n";
   sql += "DROP SEQUENCE IF EXISTS " + schema + ".trace_commit_seq;\n";
-  sql += "DROP FUNCTION IF EXISTS " + schema + ".trace_rows(), " + schema + ".trace_row(), " + schema +
+  sql += "DROP FUNCTION IF EXISTS " + schema + ".trace_rows(), " + schema + ".trace_row(), " + schema + ".trace_runs(), " + schema +
          ".trace_business_row(), " + schema + ".trace_commit(), " + schema + ".trace_caller(text), " + schema +
          ".trace_who(text);\n";
   TENURE_TRYV(run(c.get(), sql, {}, "trace remove"));

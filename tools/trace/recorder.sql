@@ -5,7 +5,8 @@
 --
 -- Placeholder @schema@ (a validated, unquoted identifier), replaced by the installer.
 --
--- One event per row inserted into or deleted from ready, deferred and dead_letter, and per attempt
+-- One event per row inserted into or deleted from ready, deferred and dead_letter (and per job id
+-- entering or leaving a run row's untaken part, as a ready row's), and per attempt
 -- opened or closed (statement-level triggers with transition tables: one set-based insert per
 -- statement; an UPDATE that changes a row's job, run lease or state is recorded as its delete and
 -- its insert). Attempts are recorded in the vocabulary of the per-job rows the checker replays: an
@@ -186,6 +187,40 @@ BEGIN
   RETURN NULL;
 END $$;
 
+-- Run rows (a bulk batch's jobs, schema 30), in the vocabulary of ready rows: an id that enters a
+-- run's untaken part is a 'ready' insert, one that leaves it (taken by a claim, cut out by a
+-- cancel, or deleted with the run) a 'ready' delete. Statement-level, one set-based insert each.
+CREATE FUNCTION @schema@.trace_runs() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  ctx text;
+  w   text;
+  a   text := coalesce(current_setting('application_name', true), '');
+BEGIN
+  GET DIAGNOSTICS ctx = PG_CONTEXT;
+  w := @schema@.trace_caller(ctx);
+  IF TG_OP = 'INSERT' THEN
+    INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, who, app)
+    SELECT 'ready', 'I', u.id, 0, 'available', w, a
+      FROM trace_new x CROSS JOIN LATERAL unnest(x.job_ids[x.taken + 1:]) AS u(id)
+     ORDER BY u.id;
+  ELSIF TG_OP = 'DELETE' THEN
+    INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, who, app)
+    SELECT 'ready', 'D', u.id, 0, 'available', w, a
+      FROM trace_old x CROSS JOIN LATERAL unnest(x.job_ids[x.taken + 1:]) AS u(id)
+     ORDER BY u.id;
+  ELSE
+    INSERT INTO @schema@.trace_events (tbl, op, job_id, run_lease, state, who, app)
+    SELECT 'ready', 'D', u.id, 0, 'available', w, a
+      FROM trace_old o
+      JOIN trace_new n ON n.run_id = o.run_id
+     CROSS JOIN LATERAL unnest(o.job_ids[o.taken + 1:]) AS u(id)
+     WHERE NOT n.job_ids[n.taken + 1:] @> ARRAY[u.id]
+     ORDER BY u.id;
+  END IF;
+  RETURN NULL;
+END $$;
+
 -- Business rows (caller-owned writes): one 'I' event per row inserted, naming (job, run lease)
 -- from the columns given as trigger arguments.
 CREATE FUNCTION @schema@.trace_business_row() RETURNS trigger
@@ -228,6 +263,12 @@ CREATE TRIGGER trace_update AFTER UPDATE ON @schema@.ready FOR EACH ROW
   WHEN (OLD.id IS DISTINCT FROM NEW.id OR OLD.run_lease IS DISTINCT FROM NEW.run_lease
         OR (OLD.resume_payload IS NULL) IS DISTINCT FROM (NEW.resume_payload IS NULL))
   EXECUTE FUNCTION @schema@.trace_row();
+CREATE TRIGGER trace_insert AFTER INSERT ON @schema@.runs REFERENCING NEW TABLE AS trace_new
+  FOR EACH STATEMENT EXECUTE FUNCTION @schema@.trace_runs();
+CREATE TRIGGER trace_delete AFTER DELETE ON @schema@.runs REFERENCING OLD TABLE AS trace_old
+  FOR EACH STATEMENT EXECUTE FUNCTION @schema@.trace_runs();
+CREATE TRIGGER trace_update AFTER UPDATE ON @schema@.runs REFERENCING OLD TABLE AS trace_old NEW TABLE AS trace_new
+  FOR EACH STATEMENT EXECUTE FUNCTION @schema@.trace_runs();
 CREATE TRIGGER trace_insert AFTER INSERT ON @schema@.deferred REFERENCING NEW TABLE AS trace_new
   FOR EACH STATEMENT EXECUTE FUNCTION @schema@.trace_rows();
 CREATE TRIGGER trace_delete AFTER DELETE ON @schema@.deferred REFERENCING OLD TABLE AS trace_old
@@ -261,4 +302,4 @@ CREATE TRIGGER trace_waiting_update AFTER UPDATE ON @schema@.attempt_state FOR E
   WHEN (OLD.waiting IS DISTINCT FROM NEW.waiting) EXECUTE FUNCTION @schema@.trace_row();
 
 REVOKE ALL ON FUNCTION @schema@.trace_who(text), @schema@.trace_caller(text), @schema@.trace_rows(),
-  @schema@.trace_row(), @schema@.trace_business_row(), @schema@.trace_commit() FROM PUBLIC;
+  @schema@.trace_row(), @schema@.trace_runs(), @schema@.trace_business_row(), @schema@.trace_commit() FROM PUBLIC;

@@ -279,8 +279,10 @@ TEST_F(security, producer_copies_straight_into_specs_holding_insert_on_the_six_j
             "b 1 3 0 0,a 4 25 0 0")
       << "the answer lists the ids in the order the rows were written: " << ids;
   EXPECT_EQ(admin_.scalar("SELECT bool_and(run_at = created_at AND created_at > now() - interval '1 minute') FROM " +
-                          s("ready")),
+                          s("jobs") + " WHERE id = ANY ($1::bigint[])",
+                          {ids}),
             "t");
+  EXPECT_EQ(admin_.scalar("SELECT count(*) FROM " + s("runs")), "2") << "one run row per priority of the batch";
   // A later transaction of the session is not answered the rows an earlier one wrote.
   EXPECT_EQ(as_role.query("SELECT " + s("enqueue_copied_ready") + "(2)").rows.at(0).at(0), std::nullopt);
   pg fresh{tenure::test::dsn_with_user(schema_.dsn(), role_)};

@@ -366,12 +366,15 @@ RESET ROLE;
 SELECT pg_temp.expect(string_agg(concat_ws(' ', s.kind, s.args, s.queue, s.priority, s.max_attempts, s.metadata, r.priority,
                                            r.queue, r.run_at = s.created_at, r.run_lease, r.attempt), ',' ORDER BY a.ord)
                       = 'c1 {"i": 1} c_q 1 3 {"t": 1} 1 c_q t 0 0,c2 {} c_q 4 25 {} 4 c_q t 0 0,c3 {} c_r 2 1 {} 2 c_r t 0 0',
-                      'copy: the rows in input order, each with one ready row')
-  FROM unnest(:'copied'::bigint[]) WITH ORDINALITY a(id, ord) JOIN specs s USING (id) JOIN ready r USING (id);
+                      'copy: the rows in input order, each in one run row of its queue and priority')
+  FROM unnest(:'copied'::bigint[]) WITH ORDINALITY a(id, ord) JOIN specs s USING (id)
+  JOIN LATERAL (SELECT x.priority, x.queue, x.created_at AS run_at, 0 AS run_lease, 0 AS attempt
+                  FROM runs x WHERE x.job_ids[x.taken + 1:] @> ARRAY[a.id]) r ON true;
+SELECT pg_temp.expect(NOT EXISTS (SELECT FROM ready WHERE id = ANY (:'copied'::bigint[])), 'copy: no ready row per job');
 SELECT pg_temp.expect(NOT EXISTS (SELECT FROM specs WHERE id = ANY (:'rolled_back'::bigint[]))
-                      AND NOT EXISTS (SELECT FROM ready WHERE id = ANY (:'rolled_back'::bigint[])), 'copy: rolled back');
-SELECT pg_temp.expect(string_agg(s.kind, ',' ORDER BY s.id) = 'c4,c5,c6' AND count(r.id) = 3, 'copy: savepoints')
-  FROM specs s LEFT JOIN ready r USING (id)
+                      AND NOT EXISTS (SELECT FROM runs WHERE job_ids && :'rolled_back'::bigint[]), 'copy: rolled back');
+SELECT pg_temp.expect(string_agg(s.kind, ',' ORDER BY s.id) = 'c4,c5,c6' AND count(r.run_id) = 3, 'copy: savepoints')
+  FROM specs s LEFT JOIN runs r ON r.job_ids @> ARRAY[s.id]
  WHERE s.id = ANY (:'in_savepoint'::bigint[] || :'after_release'::bigint[]);
 SELECT pg_temp.expect(count(*) = 6 AND bool_and(state = 'available'), 'copy: the jobs view')
   FROM jobs WHERE kind LIKE 'c_' AND queue IN ('c_q', 'c_r');
@@ -398,7 +401,10 @@ RESET ROLE;
 SELECT pg_temp.expect(string_agg(s.kind, ',' ORDER BY s.id) = 'i1,i2' AND :'other'::bigint > min(s.id)
                       AND :'other'::bigint < max(s.id), 'copy: another session''s job in between is not answered')
   FROM specs s WHERE s.id = ANY (:'interleaved'::bigint[]);
-SELECT pg_temp.expect(count(*) = 3, 'copy: one ready row each') FROM ready r JOIN specs s USING (id) WHERE s.queue = 'i_q';
+SELECT pg_temp.expect(count(*) = 3 AND bool_and(state = 'available'), 'copy: each job waits once') FROM jobs WHERE queue = 'i_q';
+SELECT pg_temp.expect((SELECT array_agg(u.id ORDER BY u.id) FROM runs r, unnest(r.job_ids) u(id) WHERE r.queue = 'i_q')
+                      = :'interleaved'::bigint[] AND EXISTS (SELECT FROM ready WHERE id = :'other'::bigint),
+                      'copy: the copied jobs in one run row, the other session''s job in its ready row');
 
 -- An n reaching an earlier job of the same transaction (a scheduled one): it keeps its one place.
 SET ROLE :producer;
