@@ -63,15 +63,16 @@ double percentile(std::vector<double> v, double p) {
   return v[idx];
 }
 
-std::shared_ptr<postgres::store> open_store(const std::string& dsn, const std::string& schema, int pool) {
-  auto st = postgres::store::open({.dsn = dsn, .schema = schema, .pool_size = pool});
+std::shared_ptr<postgres::store> open_store(const std::string& dsn, const std::string& schema, int pool,
+                                            std::size_t copy_threshold) {
+  auto st = postgres::store::open({.dsn = dsn, .schema = schema, .pool_size = pool, .copy_threshold = copy_threshold});
   if (!st) throw std::runtime_error("bench: cannot open the store: " + st.error().message());
   return std::shared_ptr<postgres::store>(std::move(st).value());
 }
 
 double enqueue_batches(const std::string& dsn, const std::string& schema, int n, const std::string& kind,
-                       const nlohmann::json& metadata, const std::string& queue) {
-  auto store = open_store(dsn, schema, 1);
+                       const nlohmann::json& metadata, const std::string& queue, bool arrays) {
+  auto store = open_store(dsn, schema, 1, arrays ? 0 : 1000);
   const auto t0 = clock::now();
   std::vector<new_job> chunk;
   for (int done = 0; done < n;) {

@@ -62,11 +62,14 @@ double percentile(std::vector<double> v, double p);
 /// Rounds to `decimals` places, for printing.
 double rounded(double v, int decimals);
 
-std::shared_ptr<postgres::store> open_store(const std::string& dsn, const std::string& schema, int pool = 4);
-/// Enqueues `n` jobs of `kind` (no-op by default) in batches of one statement each; returns
-/// jobs per second.
+/// `copy_threshold`: the store's (0: every batch over arrays).
+std::shared_ptr<postgres::store> open_store(const std::string& dsn, const std::string& schema, int pool = 4,
+                                            std::size_t copy_threshold = 1000);
+/// Enqueues `n` jobs of `kind` (no-op by default) through the store's enqueue_batch, 5,000 per
+/// transaction (over COPY; over arrays when `arrays`); returns jobs per second.
 double enqueue_batches(const std::string& dsn, const std::string& schema, int n, const std::string& kind = "noop",
-                       const nlohmann::json& metadata = nlohmann::json::object(), const std::string& queue = k_queue);
+                       const nlohmann::json& metadata = nlohmann::json::object(), const std::string& queue = k_queue,
+                       bool arrays = false);
 /// Both bulk paths of the caller's connection (tenure/libpq.hpp's enqueue_batch over arrays, and
 /// over COPY), `batch` jobs per transaction, batches alternating until each path enqueued `n`
 /// jobs (after one uncounted batch each); each path's jobs per second. The jobs go to `queue` and stay there.

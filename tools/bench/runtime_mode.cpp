@@ -21,7 +21,8 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
   // claim path runs beside a large ready table.
   if (o.waiting > 0) enqueue_batches(o.dsn, schema, static_cast<int>(o.waiting), "noop", o.metadata, k_waiting_queue);
   const auto enqueue_before = read_counters(admin);
-  const double enqueue_rate = enqueue_batches(o.dsn, schema, o.jobs, "noop", o.metadata);
+  const double enqueue_rate =
+      enqueue_batches(o.dsn, schema, o.jobs, "noop", o.metadata, k_queue, o.drain_enqueue == "arrays");
   const auto enqueue_after = read_counters(admin);
   settle();
   const auto before = read_counters(admin);
@@ -84,6 +85,7 @@ nlohmann::json run_runtime(const options& o, const std::string& schema) {
   return {{"scenario", "runtime"},
           {"jobs", o.jobs},
           {"waiting_jobs", o.waiting},
+          {"drain_enqueue", o.drain_enqueue},
           {"enqueue_jobs_per_s", std::round(enqueue_rate)},
           {"enqueue_copy_jobs_per_s", std::round(paths.copy_jobs_per_s)},
           {"enqueue_array_jobs_per_s_beside_copy", std::round(paths.array_jobs_per_s)},

@@ -69,6 +69,10 @@ void register_bench(CLI::App& app, context& ctx) {
                   "runtime: jobs enqueued first into another queue, left waiting through the drain and the pickups")
       ->check([](const std::string& t) { return check_integer(t, 0, 100'000'000); }, "0..100000000")
       ->capture_default_str();
+  cmd->add_option("--drain-enqueue", opts->drain_enqueue,
+                  "runtime: how the drained jobs are enqueued: copy (a run row per batch) or arrays (a ready row per job)")
+      ->check(CLI::IsMember({"copy", "arrays"}))
+      ->capture_default_str();
   cmd->add_option("--reclaim-dead-rows", opts->reclaim_dead_rows,
                   "every runtime's reclaim_dead_rows (0: the leader never vacuums; default: the runtime's)")
       ->check([](const std::string& t) { return check_integer(t, 0, 1'000'000'000); }, "0..1000000000");
