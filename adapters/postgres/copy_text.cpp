@@ -38,7 +38,7 @@ bool append_json(std::string& out, const nlohmann::json& v) {
   }
 }
 
-/// The COPY text of `jobs`: for the stage, `ord` first and run_at after priority; for `ready`,
+/// The COPY text of `jobs`: for the stage, `ord` first and run_at after priority; for `specs`,
 /// neither (a scheduled job is refused there).
 result<std::string> copy_rows(std::span<const new_job> jobs, bool stage) {
   std::string out;

@@ -214,8 +214,7 @@ BEGIN
     SELECT 'ready', 'D', u.id, 0, 'available', w, a
       FROM trace_old o
       JOIN trace_new n ON n.run_id = o.run_id
-     CROSS JOIN LATERAL unnest(o.job_ids[o.taken + 1:]) AS u(id)
-     WHERE NOT n.job_ids[n.taken + 1:] @> ARRAY[u.id]
+     CROSS JOIN LATERAL (SELECT unnest(o.job_ids[o.taken + 1:]) EXCEPT SELECT unnest(n.job_ids[n.taken + 1:])) AS u(id)
      ORDER BY u.id;
   END IF;
   RETURN NULL;

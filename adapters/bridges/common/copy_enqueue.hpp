@@ -3,9 +3,9 @@
 /// Private to the bridges: bulk enqueue over COPY on the caller's connection (schema migrations
 /// 22 and 23). Three steps inside the caller's transaction: `<schema>.enqueue_copy_target()`
 /// names where the rows go, the jobs go there with one COPY, and a last call answers their ids in
-/// input order. A batch of jobs to run now goes straight into `ready` (INSERT granted on six of its
+/// input order. A batch of jobs to run now goes straight into `specs` (INSERT granted on six of its
 /// columns, enqueue_batch's checks as its constraints; `<schema>.enqueue_copied_ready(n)` reads the
-/// ids back); a batch with a scheduled job goes into the session's stage (a temporary table tenure
+/// ids back and makes the jobs claimable, as one run row per queue and priority); a batch with a scheduled job goes into the session's stage (a temporary table tenure
 /// owns) and `<schema>.enqueue_copied()` moves it into the job tables. A bridge supplies what
 /// enqueue_sql.hpp asks of it (running one statement) and one more function that runs a COPY with
 /// the rows postgres::enqueue_copy_ready_rows() or enqueue_copy_rows() writes.
@@ -38,8 +38,8 @@ inline enqueue_statement copy_target_statement(const sql_options& options, bool 
           .jobs = 0};
 }
 
-/// The last step: the ids in input order, from `ready` (`enqueue_copied_ready(n)`) or from the
-/// stage's move (`enqueue_copied()`).
+/// The last step: the ids in input order, from the read-back of `specs` (`enqueue_copied_ready(n)`)
+/// or from the stage's move (`enqueue_copied()`).
 inline enqueue_statement copied_statement(const sql_options& options, const postgres::copy_into& into,
                                           std::size_t jobs) {
   if (into.ready) {
@@ -51,7 +51,7 @@ inline enqueue_statement copied_statement(const sql_options& options, const post
 }
 
 /// try_enqueue_batch for a bridge that can COPY: through COPY when use_copy() says so, else one
-/// enqueue_batch statement. A batch with no scheduled job goes straight into `ready` when the
+/// enqueue_batch statement. A batch with no scheduled job goes straight into `specs` when the
 /// server offers it, any other into the stage. `run(const enqueue_statement&) -> answer` as in
 /// enqueue_sql.hpp; `copy(const postgres::copy_into& into, const std::string& rows, const
 /// enqueue_statement& step) -> result<void>` runs into.sql with `rows` (or the driver's own COPY of
@@ -68,7 +68,7 @@ result<std::vector<enqueue_result>> try_enqueue_batch(std::span<const new_job> j
   // Nowhere to COPY (no stage: the schema's owner may not create temporary tables here): arrays.
   if (!target) return try_enqueue_batch(jobs, options, std::forward<Run>(run));
   TENURE_TRY(auto into, postgres::enqueue_copy_into(*target, options.schema, scheduled));
-  // Not offered `ready` (the caller lacks its column grants, or is SERIALIZABLE): the stage's rows.
+  // Not offered `specs` (the caller lacks its column grants, or is SERIALIZABLE): the stage's rows.
   if (!into.ready && !scheduled) {
     TENURE_TRY(auto staged, postgres::enqueue_copy_rows_for(jobs, into));
     rows = std::move(staged);

@@ -58,7 +58,7 @@ bridges::answer run(pqxx::transaction_base& tx, const bridges::enqueue_statement
   }
 }
 
-/// COPY of `jobs` into `into.table` (`ready`, or the session's stage) in the caller's transaction,
+/// COPY of `jobs` into `into.table` (`specs`, or the session's stage) in the caller's transaction,
 /// through pqxx::stream_to (which escapes each field), in the columns
 /// postgres::enqueue_copy_into() lists.
 result<void> copy(pqxx::transaction_base& tx, const postgres::copy_into& into, std::span<const new_job> jobs,

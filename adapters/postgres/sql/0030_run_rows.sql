@@ -1,16 +1,18 @@
 -- tenure migration 30: a bulk batch waits as one run row (docs/storage_ledger.md §11).
 --
 -- A COPY into specs used to be made claimable by one narrow `ready` row per job. It is now made
--- claimable by one `runs` row per (queue, priority) of the batch: the batch's job ids as one
--- ascending array, and `taken`, how many of them claims have taken, in order. A job inside a run
--- is available while its id is past `taken`; it has no row of its own until a claim takes it.
+-- claimable by run rows: per (queue, priority) of the batch, its job ids in ascending slices of at
+-- most 200, one row each (small enough to stay inline, and as many rows as concurrent claims need
+-- to pass each other), with `taken`, how many of a row's ids claims have taken, in order. A job
+-- inside a run is available while its id is past `taken`; it has no row of its own until a claim
+-- takes it.
 --
--- A claim locks the queue's first run row (FOR UPDATE SKIP LOCKED: a run another claim holds is
--- skipped), offers that run's next ids, and takes the best (priority, id) of them and of the
--- `ready` rows together (with priority_aging: the best effective priority, then id), so jobs come
--- out in the order they would have as rows. Of the run it always takes a prefix of what it offered;
--- it moves `taken` by that many, or deletes the row when the run is used up. A run never stays
--- with nothing left to take. Everything after the claim is as before: a claims row per claim, and
+-- A claim locks the queue's first run rows (FOR UPDATE SKIP LOCKED: runs other claims hold are
+-- skipped), enough to fill it, offers their next ids, and takes the best (priority, id) of them and
+-- of the `ready` rows together (with priority_aging: the best effective priority, then id), so jobs
+-- come out in the order they would have as rows, run by run within a priority. Of each run it
+-- takes a prefix of what it offered; it moves `taken` by that many, or deletes the row when the
+-- run is used up. A run never stays with nothing left to take. Everything after the claim is as before: a claims row per claim, and
 -- a retry, rescue, snooze or resume puts the job back as a `ready` or `deferred` row.
 --
 -- An operator's cancel of a job inside a run cuts its id out of the array under the run's row lock
@@ -30,7 +32,7 @@ CREATE TABLE @schema@.runs (
   created_at timestamptz NOT NULL,   -- the batch's: when its jobs became available (their run_at)
   lo         bigint      NOT NULL,   -- min(job_ids), max(job_ids): a job's run is found by the
   hi         bigint      NOT NULL,   --   GiST index on [lo, hi], then its place in the array
-  job_ids    bigint[]    NOT NULL,   -- ascending
+  job_ids    bigint[]    NOT NULL,   -- ascending, at most 200
   taken      int         NOT NULL DEFAULT 0,  -- job_ids[1:taken] were claimed; the rest wait
   CHECK (taken >= 0 AND taken < cardinality(job_ids))
 );
@@ -38,13 +40,59 @@ CREATE INDEX runs_claim_idx ON @schema@.runs (queue, priority, run_id);
 CREATE INDEX runs_jobs_idx ON @schema@.runs USING gist (int8range(lo, hi, '[]'));
 ALTER TABLE @schema@.runs SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
                                autovacuum_vacuum_cost_delay = 0, vacuum_truncate = false);
+-- A batch's id array goes out of line (TOAST): compressed with lz4 where the server has it
+-- (pglz took more than half of a 5,000-job read-back's time here, lz4 a tenth of that, and halves
+-- the array), else stored uncompressed.
+DO $$
+BEGIN
+  ALTER TABLE @schema@.runs ALTER COLUMN job_ids SET COMPRESSION lz4;
+EXCEPTION WHEN feature_not_supported THEN
+  ALTER TABLE @schema@.runs ALTER COLUMN job_ids SET STORAGE EXTERNAL;
+END $$;
 
--- As in migration 24, reading the COPY's rows back from specs; the jobs it finds go into one run
--- row per (queue, priority) instead of a ready row each. A job of the answer that already waits
--- (a second call for the same COPY, or an n that reaches an earlier job of the same
--- subtransaction) goes into no run: the batch's id span is probed in ready, deferred and runs
--- first, and only when something waits inside it is each job probed (for runs, one anti-join of
--- the untaken ids of the runs whose span meets the batch's).
+-- The name checks of specs (migration 23) test each kind and queue with the regular expression
+-- `[[:cntrl:]]`, a third of a bulk COPY's server time here. A printable ASCII name (any name
+-- matching `^[ -~]*$`, a quarter of the cost) holds no control character, so it is tested first and
+-- the rest as before: the same rows pass. The constraints keep their names and their exemption of
+-- jobs numbered before migration 23; NOT VALID, as they were (no row is read again).
+DO $$
+DECLARE
+  c   record;
+  def text;
+BEGIN
+  FOR c IN SELECT con.conname, pg_catalog.pg_get_constraintdef(con.oid) AS def, x.col
+             FROM pg_catalog.pg_constraint con
+             JOIN (VALUES ('kind must be 1..255 characters without control characters', 'kind'),
+                          ('queue must be 1..128 characters without control characters', 'queue')) AS x(name, col)
+               ON x.name = con.conname
+            WHERE con.conrelid = '@schema@.specs'::pg_catalog.regclass LOOP
+    def := pg_catalog.replace(c.def, format('(%s !~ ''[[:cntrl:]]''::text)', c.col),
+                              format('((%1$s ~ ''^[ -~]*$''::text) OR (%1$s !~ ''[[:cntrl:]]''::text))', c.col));
+    IF def = c.def THEN
+      RAISE EXCEPTION 'tenure migration 30: constraint "%" of specs is not as migration 23 made it: %', c.conname, c.def;
+    END IF;
+    EXECUTE format('ALTER TABLE @schema@.specs DROP CONSTRAINT %I, ADD CONSTRAINT %I %s', c.conname, c.conname, def);
+  END LOOP;
+END $$;
+
+-- Whether a row whose xmin is `x` was written by the current transaction (its top-level
+-- transaction, whose full id is `top`, or one of its subtransactions, whose ids come later; xids
+-- compare modulo 2^32): a visible row whose writer is still in progress is this transaction's.
+CREATE FUNCTION @schema@.written_here(x xid, top bigint) RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+  SELECT d < 2147483648 AND pg_xact_status((top + d)::text::xid8) = 'in progress'
+    FROM (SELECT (x::text::bigint - top % 4294967296 + 4294967296) % 4294967296 AS d) t
+$$;
+
+-- As in migration 24, reading the COPY's rows back from specs; the jobs it finds go into run rows
+-- (per queue and priority, slices of at most 200 ids) instead of a ready row each. One pass over the batch's rows (specs_pkey
+-- backwards from currval) gathers their ids in order and whether they share one queue and one
+-- priority, as a bulk batch usually does: then, when nothing waits inside the batch's id span, the
+-- run row is written from that pass alone, with no further work per job. A job of the answer that
+-- already waits (a second call for the same COPY, or an n that reaches an earlier job of the same
+-- subtransaction) goes into no run: the span is probed in deferred, in ready (per queue and
+-- priority of the batch) and among the runs this transaction wrote, and only on a hit is each job
+-- probed.
 CREATE OR REPLACE FUNCTION @schema@.enqueue_copied_ready(n int) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET enable_bitmapscan = off SET enable_sort = off SET enable_seqscan = off SET jit = off AS $$
@@ -53,9 +101,16 @@ DECLARE
   mine   xid;
   top    bigint;
   delta  bigint;
-  wake   boolean;
+  k      bigint;
+  v_lo   bigint;
+  v_hi   bigint;
   ids    bigint[];
-  queues text[];
+  q_lo   text;
+  q_hi   text;
+  p_lo   smallint;
+  p_hi   smallint;
+  one    boolean;   -- one queue and one priority
+  clash  boolean;   -- something waits inside the span
 BEGIN
   IF n IS NULL OR n < 1 THEN
     RETURN NULL;
@@ -76,69 +131,86 @@ BEGIN
      OR pg_xact_status((top + delta)::text::xid8) IS DISTINCT FROM 'in progress' THEN
     RETURN NULL;
   END IF;
-  wake := EXISTS (SELECT FROM @schema@.waiters);
-  WITH picked AS MATERIALIZED (
-    SELECT s.id, s.queue, s.priority, s.created_at
-      FROM @schema@.specs s
-     WHERE s.id <= last AND s.xmin = mine
-     ORDER BY s.id DESC
-     LIMIT n
-  ), span AS MATERIALIZED (
-    SELECT count(*) AS k, min(p.id) AS lo, max(p.id) AS hi FROM picked p
-  ), in_runs AS MATERIALIZED (
-    -- The untaken ids of the runs whose span meets the batch's (other producers' batches drawn
-    -- from the same sequence interleave with this one), inside the batch's span.
-    SELECT u.id
-      FROM span, @schema@.runs r
-     CROSS JOIN LATERAL unnest(r.job_ids[r.taken + 1:]) AS u(id)
-     WHERE int8range(r.lo, r.hi, '[]') && int8range(span.lo, span.hi, '[]')
-       AND u.id BETWEEN span.lo AND span.hi
-  ), clash AS MATERIALIZED (
-    SELECT EXISTS (SELECT FROM @schema@.deferred d, span WHERE d.id BETWEEN span.lo AND span.hi)
-        OR EXISTS (SELECT FROM (SELECT DISTINCT p.queue, p.priority FROM picked p) g, span,
-                               LATERAL (SELECT FROM @schema@.ready r
-                                         WHERE r.queue = g.queue AND r.priority = g.priority
-                                           AND r.id BETWEEN span.lo AND span.hi
-                                         LIMIT 1) x) AS any,
-           EXISTS (SELECT FROM in_runs) AS runs
-  ), fresh AS (
-    SELECT p.*
-      FROM picked p
-     WHERE (SELECT s.k FROM span s) = n
-       AND (NOT (SELECT c.any FROM clash c)
-            OR (NOT EXISTS (SELECT FROM @schema@.ready r
-                             WHERE r.queue = p.queue AND r.priority = p.priority AND r.id = p.id OFFSET 0)
-                AND NOT EXISTS (SELECT FROM @schema@.deferred d WHERE d.id = p.id OFFSET 0)))
-       AND (NOT (SELECT c.runs FROM clash c) OR NOT EXISTS (SELECT FROM in_runs w WHERE w.id = p.id))
-  ), placed AS (
-    INSERT INTO @schema@.runs (run_id, queue, priority, created_at, lo, hi, job_ids)
-    SELECT nextval('@schema@.run_id_seq'), f.queue, f.priority, now(), min(f.id), max(f.id),
-           array_agg(f.id ORDER BY f.id)
-      FROM fresh f
-     GROUP BY f.queue, f.priority
-  )
-  SELECT array_agg(p.id ORDER BY p.id), array_agg(DISTINCT p.queue) FILTER (WHERE wake)
-    INTO ids, queues
-    FROM picked p;
-  IF coalesce(cardinality(ids), 0) <> n THEN
+  SELECT count(*), min(p.id), max(p.id), array_agg(p.id ORDER BY p.id),
+         min(p.queue), max(p.queue), min(p.priority), max(p.priority)
+    INTO k, v_lo, v_hi, ids, q_lo, q_hi, p_lo, p_hi
+    FROM (SELECT s.id, s.queue, s.priority
+            FROM @schema@.specs s
+           WHERE s.id <= last AND s.xmin = mine
+           ORDER BY s.id DESC
+           LIMIT n) p;
+  IF k <> n THEN
     RETURN NULL;
   END IF;
+  one := q_lo = q_hi AND p_lo = p_hi;
+  -- Only a run this transaction wrote can hold its jobs (no other transaction sees them): the
+  -- runs of other producers whose spans interleave with this batch's are passed by on their xmin.
+  clash := EXISTS (SELECT FROM @schema@.deferred d WHERE d.id BETWEEN v_lo AND v_hi)
+        OR EXISTS (SELECT FROM @schema@.runs r
+                    WHERE int8range(r.lo, r.hi, '[]') && int8range(v_lo, v_hi, '[]')
+                      AND @schema@.written_here(r.xmin, top));
+  IF NOT clash THEN
+    -- The whole key of ready_claim_idx per (queue, priority): for an id alone the planner may scan
+    -- all of it when ready's statistics say it is small.
+    IF one THEN
+      clash := EXISTS (SELECT FROM @schema@.ready r
+                        WHERE r.queue = q_lo AND r.priority = p_lo AND r.id BETWEEN v_lo AND v_hi);
+    ELSE
+      clash := EXISTS (SELECT FROM (SELECT DISTINCT s.queue, s.priority
+                                      FROM unnest(ids) AS u(id) JOIN @schema@.specs s ON s.id = u.id) g,
+                                   LATERAL (SELECT FROM @schema@.ready r
+                                             WHERE r.queue = g.queue AND r.priority = g.priority
+                                               AND r.id BETWEEN v_lo AND v_hi
+                                             LIMIT 1) x);
+    END IF;
+  END IF;
+  IF one AND NOT clash THEN
+    INSERT INTO @schema@.runs (run_id, queue, priority, created_at, lo, hi, job_ids)
+    SELECT nextval('@schema@.run_id_seq'), q_lo, p_lo, now(), c.ids[1], c.ids[cardinality(c.ids)], c.ids
+      FROM (SELECT ids[(g - 1) * 200 + 1 : g * 200] AS ids FROM generate_series(1, (k + 199) / 200) AS g) c;
+  ELSE
+    -- Something waits in the span (another session's job, or one of this batch), or the batch
+    -- spans several queues or priorities: job by job, each that waits nowhere yet.
+    WITH fresh AS (
+      SELECT s.id, s.queue, s.priority
+        FROM unnest(ids) AS u(id)
+        JOIN @schema@.specs s ON s.id = u.id
+       WHERE NOT clash
+          OR (NOT EXISTS (SELECT FROM @schema@.ready r
+                           WHERE r.queue = s.queue AND r.priority = s.priority AND r.id = s.id OFFSET 0)
+              AND NOT EXISTS (SELECT FROM @schema@.deferred d WHERE d.id = s.id OFFSET 0)
+              AND NOT EXISTS (SELECT FROM @schema@.runs r
+                               WHERE int8range(r.lo, r.hi, '[]') @> s.id AND @schema@.written_here(r.xmin, top)
+                                 AND r.job_ids[r.taken + 1:] @> ARRAY[s.id] OFFSET 0))
+    )
+    , grouped AS (
+      SELECT f.queue, f.priority, array_agg(f.id ORDER BY f.id) AS ids FROM fresh f GROUP BY f.queue, f.priority
+    )
+    INSERT INTO @schema@.runs (run_id, queue, priority, created_at, lo, hi, job_ids)
+    SELECT nextval('@schema@.run_id_seq'), g.queue, g.priority, now(), c.ids[1], c.ids[cardinality(c.ids)], c.ids
+      FROM grouped g
+     CROSS JOIN LATERAL (SELECT g.ids[(i - 1) * 200 + 1 : i * 200] AS ids
+                           FROM generate_series(1, (cardinality(g.ids) + 199) / 200) AS i) c;
+  END IF;
   -- Wake-up: one NOTIFY per queue of the batch with an idle worker.
-  IF wake THEN
+  IF EXISTS (SELECT FROM @schema@.waiters) THEN
     PERFORM pg_notify(@wake_channel@, q.queue)
-       FROM unnest(queues) AS q(queue)
+       FROM (SELECT q_lo AS queue WHERE one
+             UNION ALL
+             SELECT DISTINCT s.queue FROM unnest(ids) AS u(id) JOIN @schema@.specs s ON s.id = u.id WHERE NOT one) q
       WHERE EXISTS (SELECT FROM @schema@.waiters x WHERE x.queue = q.queue);
   END IF;
   RETURN ids::text;
 END $$;
 
 -- As in migration 28, also taking jobs from run rows. When the queue has no run row the claim
--- locks and deletes ready rows exactly as before. Otherwise it locks the first run row it can
--- (by priority, then run; with priority_aging, by effective priority), offers its next lim_take
--- ids, locks the ready rows that can come before the last of them (all it would take, when the
--- run has fewer left; with aging, the first lim_take of each priority, as before), and takes the
--- best lim_take of both. What it takes from the run is a prefix of the offer (one priority, one
--- age, ascending ids), so `taken` moves by a count.
+-- locks and deletes ready rows exactly as before. Otherwise it locks the first run rows it can (by
+-- priority, then run; with priority_aging, by effective priority), one at a time until they offer
+-- enough ids to fill the claim, offers each one's next ids, locks the ready rows that can come before the lim_take-th best of the
+-- offer (all it could take, when the runs offer fewer; with aging, the first lim_take of each
+-- priority, as before), and takes the best lim_take of both. What it takes from each run is a
+-- prefix of that run's offer (one priority, one age, ascending ids), so `taken` moves by a count,
+-- or the run row is deleted when it is used up.
 CREATE OR REPLACE FUNCTION @schema@.claim_attempts(queue text, max_jobs int DEFAULT 1, worker text DEFAULT NULL,
                                                    idle_mode text DEFAULT NULL)
 RETURNS TABLE(job_id bigint, run_lease bigint, kind text, args jsonb, attempt int, max_attempts int,
@@ -158,14 +230,28 @@ DECLARE
   lim_take int := claim_attempts.max_jobs;  -- the most this claim may take
   lim_tokens double precision;              -- the refilled bucket, when rate_per_second is set
   lim_at timestamptz;
-  -- The run row offered to this claim (locked), when the queue has one free.
-  run_at    tid;
-  run_prio  smallint;
-  run_since timestamptz;
-  run_taken int;
-  run_total int;
-  run_ids   bigint[];                       -- its next ids, then the prefix taken
-  from_run  int := 0;
+  -- The run rows offered to this claim (locked), element r of each array run r; NULL without one.
+  r_at      tid[];
+  r_prio    smallint[];
+  r_since   timestamptz[];
+  r_taken   int[];
+  r_total   int[];
+  i_run     int[];                          -- the offered ids: run r_... index, and id
+  i_id      bigint[];
+  b_prio    int := 32767;                   -- the lim_take-th best offered (priority, id)
+  b_id      bigint := 9223372036854775807;
+  t_run     int[];                          -- the ids taken from runs, by (priority, id)
+  t_id      bigint[];
+  rn        int;
+  cnt       int;
+  got       int := 0;                       -- ids offered so far
+  o_at      tid;                            -- the run row just locked
+  o_prio    smallint := 0;                  --   (its (priority, run_id): the next one comes after it)
+  o_run     bigint := 0;
+  o_since   timestamptz;
+  o_taken   int;
+  o_total   int;
+  o_ids     bigint[];
   cand      tid[];                          -- ready rows locked as candidates
   sel       tid[];                          -- the ready rows taken, when chosen here
 BEGIN
@@ -193,41 +279,59 @@ BEGIN
               WHERE d.queue = claim_attempts.queue AND d.run_at <= now()) THEN
     PERFORM @schema@.promote_due(claim_attempts.queue, 1000);
   END IF;
-  -- The run row: locked, and read as its latest version (READ COMMITTED re-reads a row it waited
-  -- for or found changed), so its `taken` is the one the next claim of it will see.
+  -- The run rows, one at a time until their offer fills the claim: each locked and read as its
+  -- latest version (READ COMMITTED re-reads a row it waited for or found changed), so `taken` is
+  -- the one the next claim of it will see. A run another claim holds is passed by.
   IF lim_take > 0 THEN
-    IF lim_aging IS NULL THEN
-      SELECT r.ctid, r.priority, r.created_at, r.taken, cardinality(r.job_ids),
-             r.job_ids[r.taken + 1 : r.taken + lim_take]
-        INTO run_at, run_prio, run_since, run_taken, run_total, run_ids
-        FROM @schema@.runs r
-       WHERE r.queue = claim_attempts.queue
-       ORDER BY r.priority, r.run_id
-       LIMIT 1
-       FOR UPDATE SKIP LOCKED;
-    ELSE
-      SELECT r.ctid, r.priority, r.created_at, r.taken, cardinality(r.job_ids),
-             r.job_ids[r.taken + 1 : r.taken + lim_take]
-        INTO run_at, run_prio, run_since, run_taken, run_total, run_ids
-        FROM @schema@.runs r
-       WHERE r.queue = claim_attempts.queue
-       ORDER BY greatest(1, r.priority - floor(greatest(0, extract(epoch FROM now() - r.created_at))
-                                                / extract(epoch FROM lim_aging))),
-                r.run_id
-       LIMIT 1
-       FOR UPDATE SKIP LOCKED;
-    END IF;
+    LOOP
+      IF lim_aging IS NULL THEN
+        SELECT x.ctid, x.priority, x.run_id, x.created_at, x.taken, cardinality(x.job_ids),
+               x.job_ids[x.taken + 1 : x.taken + lim_take - got]
+          INTO o_at, o_prio, o_run, o_since, o_taken, o_total, o_ids
+          FROM @schema@.runs x
+         WHERE x.queue = claim_attempts.queue AND (x.priority, x.run_id) > (o_prio, o_run)
+         ORDER BY x.priority, x.run_id
+         LIMIT 1
+         FOR UPDATE SKIP LOCKED;
+      ELSE
+        SELECT x.ctid, x.priority, x.run_id, x.created_at, x.taken, cardinality(x.job_ids),
+               x.job_ids[x.taken + 1 : x.taken + lim_take - got]
+          INTO o_at, o_prio, o_run, o_since, o_taken, o_total, o_ids
+          FROM @schema@.runs x
+         WHERE x.queue = claim_attempts.queue AND x.ctid <> ALL (coalesce(r_at, '{}'))
+         ORDER BY greatest(1, x.priority - floor(greatest(0, extract(epoch FROM now() - x.created_at))
+                                                  / extract(epoch FROM lim_aging))),
+                  x.run_id
+         LIMIT 1
+         FOR UPDATE SKIP LOCKED;
+      END IF;
+      EXIT WHEN NOT FOUND;
+      r_at := r_at || o_at;
+      r_prio := r_prio || o_prio;
+      r_since := r_since || o_since;
+      r_taken := r_taken || o_taken;
+      r_total := r_total || o_total;
+      i_run := i_run || array_fill(cardinality(r_at), ARRAY[cardinality(o_ids)]);
+      i_id := i_id || o_ids;
+      got := got + cardinality(o_ids);
+      EXIT WHEN got >= lim_take;
+    END LOOP;
   END IF;
-  IF run_at IS NOT NULL OR lim_aging IS NOT NULL THEN
-    -- The candidates among ready rows, locked. Without aging, those that sort before the run's
-    -- last offered id (every one the claim could take, when the run has fewer than lim_take left):
-    -- a range of ready_claim_idx. With aging, the first lim_take of each priority.
+  IF r_at IS NOT NULL OR lim_aging IS NOT NULL THEN
+    -- The candidates among ready rows, locked. Without aging, those that sort before the
+    -- lim_take-th best offered id (a range of ready_claim_idx; every one the claim could take,
+    -- when the runs offer fewer). With aging, the first lim_take of each priority.
     IF lim_aging IS NULL THEN
+      SELECT r_prio[u.run], u.id INTO b_prio, b_id
+        FROM unnest(i_run, i_id) AS u(run, id)
+       ORDER BY r_prio[u.run], u.id
+      OFFSET lim_take - 1 LIMIT 1;
+      IF NOT FOUND THEN
+        b_prio := 32767;
+        b_id := 9223372036854775807;
+      END IF;
       cand := ARRAY(SELECT p.ctid FROM @schema@.ready p
-                     WHERE p.queue = claim_attempts.queue
-                       AND (p.priority, p.id) < (CASE WHEN cardinality(run_ids) < lim_take THEN 32767 ELSE run_prio END,
-                                                 CASE WHEN cardinality(run_ids) < lim_take THEN 9223372036854775807
-                                                      ELSE run_ids[cardinality(run_ids)] END)
+                     WHERE p.queue = claim_attempts.queue AND (p.priority, p.id) < (b_prio, b_id)
                      ORDER BY p.priority, p.id
                      LIMIT lim_take
                      FOR UPDATE SKIP LOCKED);
@@ -243,26 +347,29 @@ BEGIN
                             FOR UPDATE SKIP LOCKED) c);
     END IF;
     -- The best lim_take of both: by (priority, id), or with aging by (effective priority, id).
-    SELECT coalesce(array_agg(b.at) FILTER (WHERE b.at IS NOT NULL), '{}'), count(*) FILTER (WHERE b.at IS NULL)
-      INTO sel, from_run
-      FROM (SELECT c.at
-              FROM (SELECT p.ctid AS at, p.id, p.priority, greatest(p.run_at, p.created_at) AS since
+    SELECT coalesce(array_agg(b.at) FILTER (WHERE b.at IS NOT NULL), '{}'),
+           array_agg(b.run ORDER BY b.priority, b.id) FILTER (WHERE b.at IS NULL),
+           array_agg(b.id ORDER BY b.priority, b.id) FILTER (WHERE b.at IS NULL)
+      INTO sel, t_run, t_id
+      FROM (SELECT c.*
+              FROM (SELECT p.ctid AS at, NULL::int AS run, p.id, p.priority, greatest(p.run_at, p.created_at) AS since
                       FROM @schema@.ready p WHERE p.ctid = ANY (cand)
                     UNION ALL
-                    SELECT NULL::tid, u.id, run_prio, run_since FROM unnest(run_ids) AS u(id)) c
+                    SELECT NULL::tid, u.run, u.id, r_prio[u.run], r_since[u.run]
+                      FROM unnest(i_run, i_id) AS u(run, id)) c
              ORDER BY CASE WHEN lim_aging IS NULL THEN c.priority
                            ELSE greatest(1, c.priority - floor(greatest(0, extract(epoch FROM now() - c.since))
                                                                / extract(epoch FROM lim_aging))) END,
                       c.id
              LIMIT lim_take) b;
-    IF from_run > 0 THEN
-      IF run_taken + from_run >= run_total THEN
-        DELETE FROM @schema@.runs r WHERE r.ctid = run_at;
+    -- Each run moves by what was taken from it, or goes when it is used up.
+    FOR rn, cnt IN SELECT u.run, count(*) FROM unnest(t_run) AS u(run) GROUP BY u.run LOOP
+      IF r_taken[rn] + cnt >= r_total[rn] THEN
+        DELETE FROM @schema@.runs x WHERE x.ctid = r_at[rn];
       ELSE
-        UPDATE @schema@.runs r SET taken = r.taken + from_run WHERE r.ctid = run_at;
+        UPDATE @schema@.runs x SET taken = x.taken + cnt WHERE x.ctid = r_at[rn];
       END IF;
-    END IF;
-    run_ids := run_ids[1:from_run];
+    END LOOP;
   END IF;
   RETURN QUERY
   WITH moved AS (
@@ -290,8 +397,9 @@ BEGIN
            CASE WHEN count(m.resume_payload) > 0 THEN array_agg(m.resume_payload) END AS resumes
       FROM (SELECT * FROM (SELECT * FROM moved
                            UNION ALL
-                           SELECT u.id, run_prio, run_since, run_since, 0, NULL::text, NULL::jsonb, NULL::jsonb
-                             FROM unnest(run_ids) AS u(id)) t
+                           SELECT u.id, r_prio[u.run], r_since[u.run], r_since[u.run], 0, NULL::text, NULL::jsonb,
+                                  NULL::jsonb
+                             FROM unnest(t_run, t_id) AS u(run, id)) t
              ORDER BY t.priority, t.id) m
   ), opened AS (
     INSERT INTO @schema@.claims (claim_id, queue, worker, claimed_at, deadline_at, lo, hi, job_ids, attempts,
@@ -589,4 +697,4 @@ SELECT id, queue, kind, args, 'failed', priority::int, attempt, max_attempts, ru
        (SELECT k.unique_key FROM @schema@.job_keys k WHERE k.job_id = dead_letter.id)
   FROM @schema@.dead_letter;
 
-REVOKE ALL ON FUNCTION @schema@.release_from_run(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @schema@.release_from_run(bigint), @schema@.written_here(xid, bigint) FROM PUBLIC;

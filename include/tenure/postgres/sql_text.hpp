@@ -52,19 +52,21 @@ result<std::string> enqueue_copy_rows(std::span<const new_job> jobs);
 /// (only `pg_temp.tenure_enqueue_<digits>` is ever pasted into SQL).
 result<std::string> enqueue_copy_statement(std::optional<std::string_view> stage);
 
-/// The bulk enqueue straight into `ready` (schema migration 23): `jobs` as the rows of COPY's
-/// text format in the columns enqueue_copy_into() lists for `ready`, in input order (the ids are
+/// The bulk enqueue straight into the job table (`specs` since schema 24; `ready` in schema 23):
+/// `jobs` as the rows of COPY's text format in the six job columns, in input order (the ids are
 /// drawn row by row as COPY reads them). errc::invalid_argument with validate()'s detail, or for a
 /// job with a unique_key or a run_at (those go through the stage or enqueue_batch).
 result<std::string> enqueue_copy_ready_rows(std::span<const new_job> jobs);
 
 /// Where a COPY of jobs goes, as `<schema>.enqueue_copy_target(scheduled)` answered.
 struct copy_into {
-  std::string table;   ///< `<schema>.ready`, or the session's stage `pg_temp.tenure_enqueue_<oid>`
+  std::string table;   ///< `<schema>.specs`, or the session's stage `pg_temp.tenure_enqueue_<oid>`
   std::string sql;     ///< `COPY <table> (<its columns>) FROM STDIN`
-  bool ready = false;  ///< straight into `ready` (migration 23), else the stage (migration 22)
+  /// Straight into the job table, made claimable by `enqueue_copied_ready(n)` (one run row per
+  /// queue and priority since schema 30), else the stage (`enqueue_copied()`).
+  bool ready = false;
 };
-/// The COPY for `answer`: `<schema>.ready` (its six job columns), never for a batch with a
+/// The COPY for `answer`: `<schema>.specs` (its six job columns), never for a batch with a
 /// `scheduled` job, or a stage (enqueue_copy_statement()); errc::protocol_error for any other text
 /// (only those names are ever pasted into SQL), errc::invalid_argument for a bad schema name.
 result<copy_into> enqueue_copy_into(std::string_view answer, std::string_view schema, bool scheduled);

@@ -63,16 +63,19 @@ class run_rows : public ::testing::Test {
   }
 };
 
-TEST_F(run_rows, a_bulk_batch_waits_as_one_run_row_per_queue_and_priority_and_its_jobs_are_available) {
+TEST_F(run_rows, a_bulk_batch_waits_in_run_rows_of_at_most_200_ids_per_queue_and_priority_and_its_jobs_are_available) {
   const auto a = bulk("q", 2, 300);
   const auto b = bulk("other", 1, 200);
   ASSERT_EQ(a.size(), 300u);
   ASSERT_EQ(b.size(), 200u);
-  EXPECT_EQ(count("runs"), "2");
+  EXPECT_EQ(count("runs"), "3");
   EXPECT_EQ(count("ready"), "0") << "no row per job";
-  EXPECT_EQ(db_.scalar("SELECT cardinality(job_ids) || ' ' || taken || ' ' || lo || ' ' || hi FROM " + s("runs") +
-                       " WHERE queue = 'q'"),
-            "300 0 " + std::to_string(a.front()) + " " + std::to_string(a.back()));
+  EXPECT_EQ(db_.scalar("SELECT string_agg(cardinality(job_ids) || ' ' || taken || ' ' || lo || ' ' || hi, ', ' ORDER BY run_id) FROM " +
+                       s("runs") + " WHERE queue = 'q'"),
+            "200 0 " + std::to_string(a[0]) + " " + std::to_string(a[199]) + ", 100 0 " + std::to_string(a[200]) + " " +
+                std::to_string(a[299]));
+  EXPECT_EQ(db_.scalar("SELECT bool_and(job_ids = (SELECT array_agg(u ORDER BY u) FROM unnest(job_ids) u)) FROM " + s("runs")),
+            "t") << "ids ascending";
   EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("jobs") + " WHERE state = 'available' AND attempt = 0 AND run_lease = 0"),
             "500");
   EXPECT_EQ(state(a[123]), "available");
@@ -83,7 +86,12 @@ TEST_F(run_rows, a_bulk_batch_waits_as_one_run_row_per_queue_and_priority_and_it
   // Taken jobs leave the count.
   EXPECT_EQ(claim(120).size(), 120u);
   EXPECT_EQ(db_.scalar("SELECT available || ' ' || running FROM " + s("queue_depths") + "() WHERE queue = 'q'"), "180 120");
-  EXPECT_EQ(db_.scalar("SELECT taken FROM " + s("runs") + " WHERE queue = 'q'"), "120");
+  EXPECT_EQ(db_.scalar("SELECT string_agg(taken::text, ',' ORDER BY run_id) FROM " + s("runs") + " WHERE queue = 'q'"),
+            "120,0");
+  // A claim fills itself from as many runs as it needs: the rest of the first, then the second.
+  EXPECT_EQ(claim(150), std::vector<long>(a.begin() + 120, a.begin() + 270));
+  EXPECT_EQ(db_.scalar("SELECT string_agg(taken::text, ',' ORDER BY run_id) FROM " + s("runs") + " WHERE queue = 'q'"),
+            "70") << "the used-up run is gone";
 }
 
 TEST_F(run_rows, claims_take_jobs_from_runs_and_ready_rows_in_priority_then_id_order) {
@@ -131,6 +139,19 @@ TEST_F(run_rows, a_claim_skips_a_run_another_claim_holds_and_the_next_claim_goes
   // After the commit, the first run's latest version says 4 were taken.
   EXPECT_EQ(claim(other, 3), std::vector<long>(first.begin() + 4, first.begin() + 7));
   EXPECT_EQ(db_.scalar("SELECT string_agg(taken::text, ',' ORDER BY run_id) FROM " + s("runs")), "7,3");
+}
+
+TEST_F(run_rows, a_claim_beside_one_holding_a_run_of_a_large_batch_takes_the_batchs_next_run_before_a_lower_priority) {
+  const auto urgent = bulk("q", 1, 1000);
+  const auto later = bulk("q", 4, 100);
+  pg other{schema_.dsn()};
+  db_.exec("BEGIN");
+  EXPECT_EQ(claim(db_, 10), std::vector<long>(urgent.begin(), urgent.begin() + 10));
+  // The first run of the batch is held: the other claim takes from its second, not priority 4.
+  EXPECT_EQ(claim(other, 10), std::vector<long>(urgent.begin() + 200, urgent.begin() + 210));
+  db_.exec("COMMIT");
+  EXPECT_EQ(claim(other, 5), std::vector<long>(urgent.begin() + 10, urgent.begin() + 15));
+  EXPECT_EQ(later.size(), 100u);
 }
 
 TEST_F(run_rows, concurrent_claimers_draining_runs_take_each_job_exactly_once) {

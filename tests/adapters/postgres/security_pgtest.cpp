@@ -251,6 +251,9 @@ TEST_F(security, producer_copies_straight_into_specs_holding_insert_on_the_six_j
         "INSERT INTO " + s("claims") + " (claim_id, queue, claimed_at, lo, hi, job_ids, attempts, secrets, run_ats) "
                                        "VALUES (1, 'q', now(), 1, 1, '{1}', '{1}', '{}', '{}')",
         "INSERT INTO " + s("closures") + " (claim_id, pos, outcome, closed_at) VALUES (1, 1, 'c', now())",
+        "INSERT INTO " + s("runs") + " (run_id, queue, priority, created_at, lo, hi, job_ids) "
+                                     "VALUES (1, 'q', 2, now(), 1, 1, '{1}')",
+        "UPDATE " + s("runs") + " SET taken = 0", "SELECT * FROM " + s("runs"),
         "INSERT INTO " + s("specs") + columns + " VALUES ('k', '{}', 'q', 2, 25, '{}') RETURNING id",
         "SELECT * FROM " + s("specs"), "SELECT id FROM " + s("specs"), "UPDATE " + s("specs") + " SET priority = 1",
         "DELETE FROM " + s("specs"), "TRUNCATE " + s("specs"), "SELECT * FROM " + s("ready"),
@@ -288,6 +291,24 @@ TEST_F(security, producer_copies_straight_into_specs_holding_insert_on_the_six_j
   pg fresh{tenure::test::dsn_with_user(schema_.dsn(), role_)};
   EXPECT_EQ(fresh.query("SELECT " + s("enqueue_copied_ready") + "(1)").rows.at(0).at(0), std::nullopt)
       << "a session that drew no id";
+}
+
+TEST_F(security, the_name_checks_of_specs_refuse_exactly_the_kinds_and_queues_with_a_control_character) {
+  grant(tenure::postgres::grant_kind::producer);
+  pg as_role{tenure::test::dsn_with_user(schema_.dsn(), role_)};
+  as_role.exec("BEGIN");
+  // Printable ASCII, other letters, and control characters inside and outside ASCII: refused
+  // exactly where the server's [[:cntrl:]] finds one, in the kind and in the queue alike.
+  for (const char* name : {"noop", "a b~!", "k\u00e4se", "\u65e5\u672c", "a\u0085b", "a\u2028b", "a\tb", "a\u007fb",
+                           "\u001b[2J"}) {
+    const std::string literal = std::string{"U&'"} + name + "'";
+    const bool control = admin_.scalar("SELECT " + literal + " ~ '[[:cntrl:]]'") == "t";
+    for (const std::string& row : {"(" + literal + ", '{}', 'q', 2, 25, '{}')", "('k', '{}', " + literal + ", 2, 25, '{}')"}) {
+      const std::string sql = "INSERT INTO " + s("specs") + " (kind, args, queue, priority, max_attempts, metadata) VALUES " + row;
+      EXPECT_EQ(refused_in_savepoint(as_role, sql), control ? "23514" : "") << row;
+    }
+  }
+  as_role.exec("ROLLBACK");
 }
 
 TEST_F(security, the_copy_read_back_never_answers_rows_another_transaction_wrote) {
