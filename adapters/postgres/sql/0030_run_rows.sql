@@ -40,15 +40,6 @@ CREATE INDEX runs_claim_idx ON @schema@.runs (queue, priority, run_id);
 CREATE INDEX runs_jobs_idx ON @schema@.runs USING gist (int8range(lo, hi, '[]'));
 ALTER TABLE @schema@.runs SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
                                autovacuum_vacuum_cost_delay = 0, vacuum_truncate = false);
--- A batch's id array goes out of line (TOAST): compressed with lz4 where the server has it
--- (pglz took more than half of a 5,000-job read-back's time here, lz4 a tenth of that, and halves
--- the array), else stored uncompressed.
-DO $$
-BEGIN
-  ALTER TABLE @schema@.runs ALTER COLUMN job_ids SET COMPRESSION lz4;
-EXCEPTION WHEN feature_not_supported THEN
-  ALTER TABLE @schema@.runs ALTER COLUMN job_ids SET STORAGE EXTERNAL;
-END $$;
 
 -- The name checks of specs (migration 23) test each kind and queue with the regular expression
 -- `[[:cntrl:]]`, a third of a bulk COPY's server time here. A printable ASCII name (any name
