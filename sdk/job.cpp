@@ -48,6 +48,7 @@ bool valid_name(std::string_view s, std::size_t max) noexcept {
 /// numbers are counted as this process prints them (the server has the last word on the rare
 /// number it prints longer, such as 1e+100).
 std::size_t pg_json_text_size(const nlohmann::json& v) {
+  if (v.empty() && v.is_object()) return 2;  // {}: the common case, without printing it
   const std::string text = v.dump();
   std::size_t n = text.size();
   bool in_string = false;

@@ -1,5 +1,6 @@
 // The text the bulk enqueue over COPY sends: rows in COPY's text format and the COPY statement.
 #include <algorithm>
+#include <charconv>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -13,20 +14,26 @@ namespace {
 
 /// `v` as one field of COPY's text format: backslash, tab, newline and carriage return escaped.
 void append_field(std::string& out, std::string_view v) {
-  for (char c : v) {
-    switch (c) {
-      case '\\': out += "\\\\"; break;
-      case '\t': out += "\\t"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      default: out += c;
+  std::size_t from = 0;  // the start of the run of bytes not yet appended
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const char* escaped = nullptr;
+    switch (v[i]) {
+      case '\\': escaped = "\\\\"; break;
+      case '\t': escaped = "\\t"; break;
+      case '\n': escaped = "\\n"; break;
+      case '\r': escaped = "\\r"; break;
+      default: continue;
     }
+    out.append(v.data() + from, i - from);
+    out += escaped;
+    from = i + 1;
   }
+  out.append(v.data() + from, v.size() - from);
 }
 
 /// A job's args or metadata as JSON text (null: `{}`); false when it cannot be serialized.
 bool append_json(std::string& out, const nlohmann::json& v) {
-  if (v.is_null()) {
+  if (v.is_null() || (v.is_object() && v.empty())) {
     out += "{}";
     return true;
   }
@@ -36,6 +43,13 @@ bool append_json(std::string& out, const nlohmann::json& v) {
   } catch (const nlohmann::json::exception&) {
     return false;
   }
+}
+
+/// `v` in decimal, without a temporary string.
+void append_int(std::string& out, long long v) {
+  char buf[24];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, r.ptr);
 }
 
 /// The COPY text of `jobs`: for the stage, `ord` first and run_at after priority; for `specs`,
@@ -49,7 +63,7 @@ result<std::string> copy_rows(std::span<const new_job> jobs, bool stage) {
     if (j.unique_key) return error{errc::invalid_argument, "a job with a unique_key cannot be enqueued over COPY"};
     if (!stage && j.run_at) return error{errc::invalid_argument, "a scheduled job cannot be copied straight into ready"};
     if (stage) {
-      out += std::to_string(++ord);
+      append_int(out, static_cast<long long>(++ord));
       out += '\t';
     }
     append_field(out, j.kind);
@@ -58,13 +72,13 @@ result<std::string> copy_rows(std::span<const new_job> jobs, bool stage) {
     out += '\t';
     append_field(out, j.queue);
     out += '\t';
-    out += std::to_string(j.priority);
+    append_int(out, j.priority);
     out += '\t';
     if (stage) {
       out += j.run_at ? timestamp_text(*j.run_at) : std::string{"\\N"};
       out += '\t';
     }
-    out += std::to_string(j.max_attempts);
+    append_int(out, j.max_attempts);
     out += '\t';
     if (!append_json(out, j.metadata)) return error{errc::invalid_argument, "metadata cannot be written as JSON text"};
     out += '\n';
