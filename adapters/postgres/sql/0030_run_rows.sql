@@ -1,4 +1,4 @@
--- tenure migration 30: a bulk batch waits as one run row (docs/storage_ledger.md §11).
+-- tenure migration 30: a bulk batch waits in run rows (docs/storage_ledger.md §11).
 --
 -- A COPY into specs used to be made claimable by one narrow `ready` row per job. It is now made
 -- claimable by run rows: per (queue, priority) of the batch, its job ids in ascending slices of at
@@ -12,12 +12,13 @@
 -- of the `ready` rows together (with priority_aging: the best effective priority, then id), so jobs
 -- come out in the order they would have as rows, run by run within a priority. Of each run it
 -- takes a prefix of what it offered; it moves `taken` by that many, or deletes the row when the
--- run is used up. A run never stays with nothing left to take. Everything after the claim is as before: a claims row per claim, and
--- a retry, rescue, snooze or resume puts the job back as a `ready` or `deferred` row.
+-- run is used up. A run never stays with nothing left to take. Everything after the claim is as
+-- before: a claims row per claim, and a retry, rescue, snooze or resume puts the job back as a
+-- `ready` or `deferred` row.
 --
 -- An operator's cancel of a job inside a run cuts its id out of the array under the run's row lock
--- (an UPDATE, which waits for a claim holding the row and then checks the id is still untaken on
--- the row's latest version) and puts the job into `ready`, from where cancel_job cancels it as
+-- (a SELECT ... FOR UPDATE, which waits for a claim holding the row and then checks the id is
+-- still untaken on the row's latest version) and puts the job into `ready`, from where cancel_job cancels it as
 -- before; if a claim took it meanwhile, cancel_job finds the open attempt instead. The jobs view,
 -- queue_depths and list_queues count the untaken ids of runs as available jobs.
 --
