@@ -72,15 +72,16 @@ END $$;
 -- compare modulo 2^32): a visible row whose writer is still in progress is this transaction's.
 CREATE FUNCTION @schema@.written_here(x xid, top bigint) RETURNS boolean
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-  SELECT d < 2147483648 AND pg_xact_status((top + d)::text::xid8) = 'in progress'
+  SELECT d < 2147483648 AND pg_xact_status((top + d)::text::xid8) IS NOT DISTINCT FROM 'in progress'
     FROM (SELECT (x::text::bigint - top % 4294967296 + 4294967296) % 4294967296 AS d) t
 $$;
 
 -- As in migration 24, reading the COPY's rows back from specs; the jobs it finds go into run rows
--- (per queue and priority, slices of at most 200 ids) instead of a ready row each. One pass over the batch's rows (specs_pkey
--- backwards from currval) gathers their ids in order and whether they share one queue and one
--- priority, as a bulk batch usually does: then, when nothing waits inside the batch's id span, the
--- run row is written from that pass alone, with no further work per job. A job of the answer that
+-- (per queue and priority, slices of at most 200 ids) instead of a ready row each. One pass over
+-- the batch's rows (specs_pkey backwards from currval) gathers their ids in order and whether
+-- they share one queue and one priority, as a bulk batch usually does: then, when nothing waits
+-- inside the batch's id span, the run rows are written from that pass alone, with no further
+-- work per job. A job of the answer that
 -- already waits (a second call for the same COPY, or an n that reaches an earlier job of the same
 -- subtransaction) goes into no run: the span is probed in deferred, in ready (per queue and
 -- priority of the batch) and among the runs this transaction wrote, and only on a hit is each job
@@ -92,7 +93,6 @@ DECLARE
   last   bigint;
   mine   xid;
   top    bigint;
-  delta  bigint;
   k      bigint;
   v_lo   bigint;
   v_hi   bigint;
@@ -118,9 +118,7 @@ BEGIN
   END IF;
   -- The row must be this transaction's (as in migration 24).
   top := pg_current_xact_id()::text::bigint;
-  delta := (mine::text::bigint - top % 4294967296 + 4294967296) % 4294967296;
-  IF delta >= 2147483648
-     OR pg_xact_status((top + delta)::text::xid8) IS DISTINCT FROM 'in progress' THEN
+  IF NOT @schema@.written_here(mine, top) THEN
     RETURN NULL;
   END IF;
   SELECT count(*), min(p.id), max(p.id), array_agg(p.id ORDER BY p.id),
@@ -156,34 +154,32 @@ BEGIN
                                              LIMIT 1) x);
     END IF;
   END IF;
-  IF one AND NOT clash THEN
-    INSERT INTO @schema@.runs (run_id, queue, priority, created_at, lo, hi, job_ids)
-    SELECT nextval('@schema@.run_id_seq'), q_lo, p_lo, now(), c.ids[1], c.ids[cardinality(c.ids)], c.ids
-      FROM (SELECT ids[(g - 1) * 200 + 1 : g * 200] AS ids FROM generate_series(1, (k + 199) / 200) AS g) c;
-  ELSE
-    -- Something waits in the span (another session's job, or one of this batch), or the batch
-    -- spans several queues or priorities: job by job, each that waits nowhere yet.
-    WITH fresh AS (
-      SELECT s.id, s.queue, s.priority
-        FROM unnest(ids) AS u(id)
-        JOIN @schema@.specs s ON s.id = u.id
-       WHERE NOT clash
-          OR (NOT EXISTS (SELECT FROM @schema@.ready r
-                           WHERE r.queue = s.queue AND r.priority = s.priority AND r.id = s.id OFFSET 0)
-              AND NOT EXISTS (SELECT FROM @schema@.deferred d WHERE d.id = s.id OFFSET 0)
-              AND NOT EXISTS (SELECT FROM @schema@.runs r
-                               WHERE int8range(r.lo, r.hi, '[]') @> s.id AND @schema@.written_here(r.xmin, top)
-                                 AND r.job_ids[r.taken + 1:] @> ARRAY[s.id] OFFSET 0))
-    )
-    , grouped AS (
-      SELECT f.queue, f.priority, array_agg(f.id ORDER BY f.id) AS ids FROM fresh f GROUP BY f.queue, f.priority
-    )
-    INSERT INTO @schema@.runs (run_id, queue, priority, created_at, lo, hi, job_ids)
-    SELECT nextval('@schema@.run_id_seq'), g.queue, g.priority, now(), c.ids[1], c.ids[cardinality(c.ids)], c.ids
-      FROM grouped g
-     CROSS JOIN LATERAL (SELECT g.ids[(i - 1) * 200 + 1 : i * 200] AS ids
-                           FROM generate_series(1, (cardinality(g.ids) + 199) / 200) AS i) c;
-  END IF;
+  -- One queue and priority with nothing waiting in the span: the batch's ids as gathered. Else
+  -- (something waits there, another session's job or one of this batch, or the batch spans
+  -- several queues or priorities) job by job, each that waits nowhere yet. Either way, slices of
+  -- at most 200 ids, one run row each.
+  WITH fresh AS (
+    SELECT s.id, s.queue, s.priority
+      FROM unnest(ids) AS u(id)
+      JOIN @schema@.specs s ON s.id = u.id
+     WHERE NOT (one AND NOT clash)
+       AND (NOT clash
+            OR (NOT EXISTS (SELECT FROM @schema@.ready r
+                             WHERE r.queue = s.queue AND r.priority = s.priority AND r.id = s.id OFFSET 0)
+                AND NOT EXISTS (SELECT FROM @schema@.deferred d WHERE d.id = s.id OFFSET 0)
+                AND NOT EXISTS (SELECT FROM @schema@.runs r
+                                 WHERE int8range(r.lo, r.hi, '[]') @> s.id AND @schema@.written_here(r.xmin, top)
+                                   AND r.job_ids[r.taken + 1:] @> ARRAY[s.id] OFFSET 0)))
+  ), grouped AS (
+    SELECT q_lo AS queue, p_lo AS priority, ids WHERE one AND NOT clash
+    UNION ALL
+    SELECT f.queue, f.priority, array_agg(f.id ORDER BY f.id) FROM fresh f GROUP BY f.queue, f.priority
+  )
+  INSERT INTO @schema@.runs (run_id, queue, priority, created_at, lo, hi, job_ids)
+  SELECT nextval('@schema@.run_id_seq'), g.queue, g.priority, now(), c.ids[1], c.ids[cardinality(c.ids)], c.ids
+    FROM grouped g
+   CROSS JOIN LATERAL (SELECT g.ids[(i - 1) * 200 + 1 : i * 200] AS ids
+                         FROM generate_series(1, (cardinality(g.ids) + 199) / 200) AS i) c;
   -- Wake-up: one NOTIFY per queue of the batch with an idle worker.
   IF EXISTS (SELECT FROM @schema@.waiters) THEN
     PERFORM pg_notify(@wake_channel@, q.queue)
