@@ -51,9 +51,10 @@ struct runtime_config {
   /// the storage has no signal port).
   bool maintenance = true;
   /// After each pass the maintenance leader reclaims the claim path's dead rows (storage_port::
-  /// reclaim_dead_rows: on PostgreSQL a VACUUM of `ready`, `open_claims` and `runs`) once one holds at
-  /// least this many, so claims after a large drain do not step over them. 0: never (autovacuum
-  /// alone). Needs the tables' owner on PostgreSQL; another role leaves them to autovacuum.
+  /// reclaim_dead_rows: on PostgreSQL a VACUUM of `ready`, `open_claims` and `runs`) once one
+  /// holds at least this many, so claims after a large drain do not step over them. 0: never
+  /// (autovacuum alone). Needs the tables' owner on PostgreSQL; another role leaves them to
+  /// autovacuum.
   std::int64_t reclaim_dead_rows = 10'000;
   std::string worker_id;  ///< default "<hostname>:<pid>"
   int handler_threads = 0;  ///< default: the sum of max_concurrency

@@ -22,8 +22,8 @@ struct options {
   /// runtime: jobs enqueued first into another queue that the runtime does not serve; they wait
   /// through the drain and the pickups (a drain beside a large backlog).
   long waiting = 0;
-  /// runtime: how the drained jobs are enqueued: "copy" (the store's bulk path: a run row per
-  /// batch) or "arrays" (enqueue_batch's arrays: a ready row per job, as smaller batches get).
+  /// runtime: how the drained jobs are enqueued: "copy" (the store's bulk path: run rows of up
+  /// to 200 ids) or "arrays" (enqueue_batch's arrays: a ready row per job, as smaller batches get).
   std::string drain_enqueue = "copy";
   /// Every runtime's runtime_config::reclaim_dead_rows; -1 keeps the default.
   long reclaim_dead_rows = -1;

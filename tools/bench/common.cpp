@@ -72,7 +72,7 @@ std::shared_ptr<postgres::store> open_store(const std::string& dsn, const std::s
 
 double enqueue_batches(const std::string& dsn, const std::string& schema, int n, const std::string& kind,
                        const nlohmann::json& metadata, const std::string& queue, bool arrays) {
-  auto store = open_store(dsn, schema, 1, arrays ? 0 : 1000);
+  auto store = open_store(dsn, schema, 1, arrays ? 0 : postgres::store_options{}.copy_threshold);
   const auto t0 = clock::now();
   std::vector<new_job> chunk;
   for (int done = 0; done < n;) {

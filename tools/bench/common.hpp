@@ -64,7 +64,7 @@ double rounded(double v, int decimals);
 
 /// `copy_threshold`: the store's (0: every batch over arrays).
 std::shared_ptr<postgres::store> open_store(const std::string& dsn, const std::string& schema, int pool = 4,
-                                            std::size_t copy_threshold = 1000);
+                                            std::size_t copy_threshold = postgres::store_options{}.copy_threshold);
 /// Enqueues `n` jobs of `kind` (no-op by default) through the store's enqueue_batch, 5,000 per
 /// transaction (over COPY; over arrays when `arrays`); returns jobs per second.
 double enqueue_batches(const std::string& dsn, const std::string& schema, int n, const std::string& kind = "noop",

@@ -70,7 +70,7 @@ void register_bench(CLI::App& app, context& ctx) {
       ->check([](const std::string& t) { return check_integer(t, 0, 100'000'000); }, "0..100000000")
       ->capture_default_str();
   cmd->add_option("--drain-enqueue", opts->drain_enqueue,
-                  "runtime: how the drained jobs are enqueued: copy (a run row per batch) or arrays (a ready row per job)")
+                  "runtime: how the drained jobs are enqueued: copy (run rows of 200 ids) or arrays (a ready row per job)")
       ->check(CLI::IsMember({"copy", "arrays"}))
       ->capture_default_str();
   cmd->add_option("--reclaim-dead-rows", opts->reclaim_dead_rows,

@@ -5,8 +5,9 @@
 /// names where the rows go, the jobs go there with one COPY, and a last call answers their ids in
 /// input order. A batch of jobs to run now goes straight into `specs` (INSERT granted on six of its
 /// columns, enqueue_batch's checks as its constraints; `<schema>.enqueue_copied_ready(n)` reads the
-/// ids back and makes the jobs claimable, as one run row per queue and priority); a batch with a scheduled job goes into the session's stage (a temporary table tenure
-/// owns) and `<schema>.enqueue_copied()` moves it into the job tables. A bridge supplies what
+/// ids back and makes the jobs claimable, as run rows of up to 200 ids); a batch with a scheduled
+/// job goes into the session's stage (a temporary table tenure owns) and
+/// `<schema>.enqueue_copied()` moves it into the job tables. A bridge supplies what
 /// enqueue_sql.hpp asks of it (running one statement) and one more function that runs a COPY with
 /// the rows postgres::enqueue_copy_ready_rows() or enqueue_copy_rows() writes.
 #include <cstddef>

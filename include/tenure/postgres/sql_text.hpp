@@ -62,8 +62,8 @@ result<std::string> enqueue_copy_ready_rows(std::span<const new_job> jobs);
 struct copy_into {
   std::string table;   ///< `<schema>.specs`, or the session's stage `pg_temp.tenure_enqueue_<oid>`
   std::string sql;     ///< `COPY <table> (<its columns>) FROM STDIN`
-  /// Straight into the job table, made claimable by `enqueue_copied_ready(n)` (one run row per
-  /// queue and priority since schema 30), else the stage (`enqueue_copied()`).
+  /// Straight into the job table, made claimable by `enqueue_copied_ready(n)` (run rows of up to
+  /// 200 ids since schema 30), else the stage (`enqueue_copied()`).
   bool ready = false;
 };
 /// The COPY for `answer`: `<schema>.specs` (its six job columns), never for a batch with a
