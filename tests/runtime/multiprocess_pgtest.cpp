@@ -302,6 +302,15 @@ TEST_F(multiprocess_pg, three_processes_one_killed_no_job_lost_and_reruns_only_f
   ASSERT_TRUE(reap(victim, 10s));
   ASSERT_TRUE(WIFSIGNALED(victim.status) && WTERMSIG(victim.status) == SIGKILL) << describe_status(victim);
   const auto t_kill = steady_clock::now();
+  // What the victim sent before it stopped may still sit unread in its sockets (its sessions show
+  // idle until they read it): a server session reads and runs it before it sees the connection
+  // close. Once every session of the victim has ended, its durable state is final; count its open
+  // attempts again then (its heartbeats stopped at SIGSTOP, so no rescue runs within staleness).
+  ASSERT_TRUE(sessions_gone("w2")) << "the killed worker's sessions did not end";
+  open_at_kill = scalar_long("SELECT count(*) FROM " + s("receipts") + " WHERE worker = 'mp-w2'");
+  executed_open_at_kill = scalar_long("SELECT count(*) FROM " + s("receipts") + " r JOIN " + s("executions") +
+                                      " e ON e.job_id = r.job_id AND e.run_lease = r.run_lease WHERE r.worker = "
+                                      "'mp-w2'");
 
   // Everything completes: the killed process's open attempts are rescued by the survivors.
   long now_completed = 0;
