@@ -17,7 +17,8 @@
  *   producer     the COPY's transaction: the run row of jobs 1..RUN_LEN becomes visible at its
  *                commit (one step). Job NJOBS (= RUN_LEN + 1) waits as a ready row from the start.
  *   claimer (x2) claim_attempts: locks the run row FOR UPDATE SKIP LOCKED (a run the other claim
- *                holds is skipped: no run this time), reads `taken` from the locked (latest)
+ *                holds is skipped: no run this time; or, migration 31, the claim waits for the
+ *                lock, bounded, and then finds the row's latest version or none), reads `taken` from the locked (latest)
  *                version, offers job_ids[taken+1 .. taken+TAKE], locks ready rows SKIP LOCKED, and
  *                takes a prefix of the offer and some of those ready rows, at most TAKE in all
  *                (which ones is a free choice: priorities are not modelled). At its commit it moves
@@ -183,7 +184,19 @@ end_idle:
 #endif
           got = true;
           t = taken
-       :: else -> skip                 /* no run row, or the other claim holds it: no run */
+#ifndef MUTANT_UNLOCKED_CLAIM
+       :: RUN_EXISTS && run_lock != 0 && run_lock != me ->
+          /* every run held (migration 31): the claim waits for the row's lock (atomicity is
+             lost while it blocks) and reads the row's latest version, or finds it deleted */
+          (run_lock == 0);
+          if
+          :: RUN_EXISTS -> run_lock = me; got = true; t = taken
+          :: else -> skip
+          fi
+#endif
+       :: !RUN_EXISTS || run_lock != 0 -> skip
+                                       /* no run row, or the other claim holds it and this one
+                                          passes it by (or its wait timed out): no run */
        fi;
        if                              /* a prefix of the offer job_ids[t+1 .. t+TAKE] */
        :: p = 0

@@ -141,6 +141,74 @@ TEST_F(run_rows, a_claim_skips_a_run_another_claim_holds_and_the_next_claim_goes
   EXPECT_EQ(db_.scalar("SELECT string_agg(taken::text, ',' ORDER BY run_id) FROM " + s("runs")), "7,3");
 }
 
+/// Whether a session runs claim_attempts waiting for a lock (polled for up to 2 s).
+bool claim_waits_for_a_lock(pg& probe) {
+  for (int i = 0; i < 200; ++i) {
+    if (probe.scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%claim_attempts%' "
+                     "AND pid <> pg_backend_pid()") == "1") {
+      return true;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+TEST_F(run_rows, a_claim_finding_every_run_held_waits_for_the_first_and_takes_its_next_ids) {
+  const auto ids = bulk("q", 2, 10);
+  pg other{schema_.dsn()};
+  pg probe{schema_.dsn()};
+  db_.exec("BEGIN");
+  ASSERT_EQ(claim(db_, 4), std::vector<long>(ids.begin(), ids.begin() + 4));
+  // The only run is held: the other claim waits for it instead of leaving with nothing.
+  auto waiting = std::async(std::launch::async, [&] { return claim(other, 3); });
+  EXPECT_TRUE(claim_waits_for_a_lock(probe)) << "the claim waited for the held run row";
+  EXPECT_EQ(waiting.wait_for(50ms), std::future_status::timeout);
+  db_.exec("COMMIT");
+  // It reads the run's latest version: the holder took 4.
+  EXPECT_EQ(waiting.get(), std::vector<long>(ids.begin() + 4, ids.begin() + 7));
+  EXPECT_EQ(db_.scalar("SELECT taken FROM " + s("runs")), "7");
+  EXPECT_EQ(other.scalar("SHOW lock_timeout"), "0") << "the session's lock_timeout is restored";
+}
+
+TEST_F(run_rows, a_claim_waiting_for_a_held_run_the_holder_used_up_goes_on_to_the_next_run) {
+  const auto first = bulk("q", 2, 10);
+  const auto second = bulk("q", 2, 10);
+  pg other{schema_.dsn()};
+  pg probe{schema_.dsn()};
+  db_.exec("BEGIN");
+  ASSERT_EQ(claim(db_, 15).size(), 15u) << "all of the first run and 5 of the second, both held";
+  auto waiting = std::async(std::launch::async, [&] { return claim(other, 3); });
+  EXPECT_TRUE(claim_waits_for_a_lock(probe));
+  db_.exec("COMMIT");
+  EXPECT_EQ(waiting.get(), std::vector<long>(second.begin() + 5, second.begin() + 8))
+      << "the first run was deleted under the wait; the second's latest version says 5 taken";
+  EXPECT_EQ(db_.scalar("SELECT string_agg(taken::text, ',') FROM " + s("runs")), "8");
+  EXPECT_EQ(first.size(), 10u);
+}
+
+TEST_F(run_rows, a_claim_waiting_for_a_held_run_gives_up_after_500_ms_or_the_sessions_shorter_lock_timeout) {
+  const auto ids = bulk("q", 2, 10);
+  pg other{schema_.dsn()};
+  db_.exec("BEGIN");
+  ASSERT_EQ(claim(db_, 4).size(), 4u);
+  // The holder stays open: the wait is bounded, and the claim leaves with nothing (no error).
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(claim(other, 3).empty());
+  auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(waited, 450ms);
+  EXPECT_LT(waited, 5s);
+  EXPECT_EQ(other.scalar("SHOW lock_timeout"), "0");
+  other.exec("SET lock_timeout = '100ms'");
+  t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(claim(other, 3).empty());
+  waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(waited, 90ms);
+  EXPECT_LT(waited, 450ms) << "the session's shorter lock_timeout bounds the wait";
+  EXPECT_EQ(other.scalar("SHOW lock_timeout"), "100ms");
+  db_.exec("COMMIT");
+  EXPECT_EQ(claim(other, 3), std::vector<long>(ids.begin() + 4, ids.begin() + 7));
+}
+
 TEST_F(run_rows, a_claim_beside_one_holding_a_run_of_a_large_batch_takes_the_batchs_next_run_before_a_lower_priority) {
   const auto urgent = bulk("q", 1, 1000);
   const auto later = bulk("q", 4, 100);
