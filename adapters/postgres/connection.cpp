@@ -198,7 +198,8 @@ result<rows> connection::exec(const statement& st, const std::vector<param>& par
   return check(r, st.name, e);
 }
 
-result<void> connection::copy_in(const std::string& copy_sql, std::string_view data, effect e) {
+result<void> connection::copy_in(const std::string& copy_sql, const std::function<result<bool>(std::string&)>& next,
+                                  effect e) {
   if (!ok()) return errc::database_unavailable;
   PGresult* started = PQexec(conn_, copy_sql.c_str());
   if (PQresultStatus(started) != PGRES_COPY_IN) {
@@ -207,16 +208,22 @@ result<void> connection::copy_in(const std::string& copy_sql, std::string_view d
     return errc::protocol_error;  // a COPY that answered like another statement
   }
   PQclear(started);
-  // In pieces of 1 MiB; a blocking connection sends each before taking the next.
-  constexpr std::size_t piece = 1 << 20;
+  // A blocking connection sends each piece before the next is written: the server reads the first
+  // rows while the last are written.
+  std::string piece;
+  result<bool> more = true;
   bool sent = true;
-  for (std::size_t at = 0; sent && at < data.size(); at += piece) {
-    const auto n = std::min(piece, data.size() - at);
-    sent = PQputCopyData(conn_, data.data() + at, static_cast<int>(n)) == 1;
+  while (sent && (more = next(piece)) && more.value()) {
+    sent = PQputCopyData(conn_, piece.data(), static_cast<int>(piece.size())) == 1;
   }
+  if (!more) sent = false;
   if (PQputCopyEnd(conn_, sent ? nullptr : "tenure: the rows could not be sent") != 1) sent = false;
   PGresult* ended = PQgetResult(conn_);
   while (PGresult* extra = PQgetResult(conn_)) PQclear(extra);
+  if (!more) {
+    PQclear(ended);
+    return more.error();
+  }
   if (sent && PQresultStatus(ended) == PGRES_COMMAND_OK) {
     PQclear(ended);
     return success();

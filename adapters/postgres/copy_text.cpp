@@ -55,15 +55,32 @@ void append_int(std::string& out, long long v) {
 /// The COPY text of `jobs`: for the stage, `ord` first and run_at after priority; for `specs`,
 /// neither (a scheduled job is refused there).
 result<std::string> copy_rows(std::span<const new_job> jobs, bool stage) {
+  TENURE_TRYV(check_copy_rows(jobs, stage));
   std::string out;
   out.reserve(jobs.size() * 48);
-  std::size_t ord = 0;
+  TENURE_TRY(auto end, append_copy_rows(out, jobs, stage, 0, std::string::npos));
+  (void)end;
+  return out;
+}
+
+}  // namespace
+
+result<void> check_copy_rows(std::span<const new_job> jobs, bool stage) {
   for (const auto& j : jobs) {
     TENURE_TRYV(validate(j));
     if (j.unique_key) return error{errc::invalid_argument, "a job with a unique_key cannot be enqueued over COPY"};
     if (!stage && j.run_at) return error{errc::invalid_argument, "a scheduled job cannot be copied straight into ready"};
+  }
+  return success();
+}
+
+result<std::size_t> append_copy_rows(std::string& out, std::span<const new_job> jobs, bool stage, std::size_t from,
+                                     std::size_t bytes) {
+  std::size_t i = from;
+  for (; i < jobs.size() && out.size() < bytes; ++i) {
+    const auto& j = jobs[i];
     if (stage) {
-      append_int(out, static_cast<long long>(++ord));
+      append_int(out, static_cast<long long>(i + 1));
       out += '\t';
     }
     append_field(out, j.kind);
@@ -83,10 +100,8 @@ result<std::string> copy_rows(std::span<const new_job> jobs, bool stage) {
     if (!append_json(out, j.metadata)) return error{errc::invalid_argument, "metadata cannot be written as JSON text"};
     out += '\n';
   }
-  return out;
+  return i;
 }
-
-}  // namespace
 
 result<std::string> enqueue_copy_rows(std::span<const new_job> jobs) { return copy_rows(jobs, true); }
 

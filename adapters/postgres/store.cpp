@@ -106,7 +106,7 @@ result<std::vector<enqueue_result>> copied_ids(std::string_view text, std::size_
 /// the server offers nowhere to COPY or the session is not UTF-8.
 result<std::optional<std::vector<enqueue_result>>> store::copy_enqueue(std::span<const new_job> jobs) {
   const bool scheduled = any_scheduled(jobs);
-  TENURE_TRY(auto data, scheduled ? enqueue_copy_rows(jobs) : enqueue_copy_ready_rows(jobs));
+  TENURE_TRYV(check_copy_rows(jobs, scheduled));
   return impl_->with_connection([&](connection& c) -> result<std::optional<std::vector<enqueue_result>>> {
     // COPY's text format is escaped byte by byte: only on a UTF-8 session (a client-only multibyte
     // encoding such as SJIS would break it).
@@ -122,12 +122,18 @@ result<std::optional<std::vector<enqueue_result>>> store::copy_enqueue(std::span
     if (target.size() == 1 && target.is_null(0, 0)) return std::optional<std::vector<enqueue_result>>{};
     if (target.size() != 1) return errc::protocol_error;
     TENURE_TRY(auto into, enqueue_copy_into(target.text(0, 0), impl_->opt.schema, scheduled));
-    // Not offered `ready` (this role lacks its column grants): the stage's rows after all.
-    if (!into.ready && !scheduled) {
-      TENURE_TRY(auto staged, enqueue_copy_rows_for(jobs, into));
-      data = std::move(staged);
-    }
-    TENURE_TRYV(c.copy_in(into.sql, data, effect::read));
+    // The rows for where it goes (the stage's, when not offered `specs`), 64 KiB at a time.
+    std::size_t next = 0;
+    TENURE_TRYV(c.copy_in(
+        into.sql,
+        [&](std::string& piece) -> result<bool> {
+          if (next == jobs.size()) return false;
+          piece.clear();
+          TENURE_TRY(auto end, append_copy_rows(piece, jobs, !into.ready, next, copy_piece_bytes));
+          next = end;
+          return true;
+        },
+        effect::read));
     const auto n = number(static_cast<std::int64_t>(jobs.size()));
     TENURE_TRY(auto moved, into.ready ? c.exec(impl_->st.copy_ready_ids, {n}, effect::read)
                                       : c.exec(impl_->st.copy_move, {}, effect::read));

@@ -8,8 +8,8 @@
 /// ids back and makes the jobs claimable, as run rows of up to 200 ids); a batch with a scheduled
 /// job goes into the session's stage (a temporary table tenure owns) and
 /// `<schema>.enqueue_copied()` moves it into the job tables. A bridge supplies what
-/// enqueue_sql.hpp asks of it (running one statement) and one more function that runs a COPY with
-/// the rows postgres::enqueue_copy_ready_rows() or enqueue_copy_rows() writes.
+/// enqueue_sql.hpp asks of it (running one statement) and one more function that runs a COPY of the
+/// jobs (copy_rows() below writes and sends their text piece by piece).
 #include <cstddef>
 #include <span>
 #include <string>
@@ -54,31 +54,46 @@ inline enqueue_statement copied_statement(const sql_options& options, const post
 /// try_enqueue_batch for a bridge that can COPY: through COPY when use_copy() says so, else one
 /// enqueue_batch statement. A batch with no scheduled job goes straight into `specs` when the
 /// server offers it, any other into the stage. `run(const enqueue_statement&) -> answer` as in
-/// enqueue_sql.hpp; `copy(const postgres::copy_into& into, const std::string& rows, const
-/// enqueue_statement& step) -> result<void>` runs into.sql with `rows` (or the driver's own COPY of
-/// the jobs into into.table), its failures made by failure() for `step`. Every job is checked
-/// before anything is sent.
+/// enqueue_sql.hpp; `copy(const postgres::copy_into& into, std::span<const new_job> jobs, const
+/// enqueue_statement& step) -> result<void>` runs into.sql with the jobs' rows (copy_rows(), or the
+/// driver's own COPY into into.table), its failures made by failure() for `step`. Every job is
+/// checked before anything is sent.
 template <class Run, class Copy>
 result<std::vector<enqueue_result>> try_enqueue_batch(std::span<const new_job> jobs, const sql_options& options,
                                                       tx_state state, Run&& run, Copy&& copy) {
   if (!use_copy(jobs, options, state)) return try_enqueue_batch(jobs, options, std::forward<Run>(run));
   TENURE_TRYV(detail::check_schema(options));
   const bool scheduled = postgres::any_scheduled(jobs);
-  TENURE_TRY(auto rows, scheduled ? postgres::enqueue_copy_rows(jobs) : postgres::enqueue_copy_ready_rows(jobs));
+  // The checks of the stricter of the two targets this batch can get (a batch without a scheduled
+  // job passes the stage's too).
+  TENURE_TRYV(postgres::check_copy_rows(jobs, scheduled));
   TENURE_TRY(auto target, run(copy_target_statement(options, scheduled)));
   // Nowhere to COPY (no stage: the schema's owner may not create temporary tables here): arrays.
   if (!target) return try_enqueue_batch(jobs, options, std::forward<Run>(run));
   TENURE_TRY(auto into, postgres::enqueue_copy_into(*target, options.schema, scheduled));
-  // Not offered `specs` (the caller lacks its column grants, or is SERIALIZABLE): the stage's rows.
-  if (!into.ready && !scheduled) {
-    TENURE_TRY(auto staged, postgres::enqueue_copy_rows_for(jobs, into));
-    rows = std::move(staged);
-  }
   const enqueue_statement copy_step{.name = "enqueue COPY", .sql = into.sql, .jobs = jobs.size()};
-  TENURE_TRYV(copy(into, rows, copy_step));
+  TENURE_TRYV(copy(into, jobs, copy_step));
   const auto copied = copied_statement(options, into, jobs.size());
   TENURE_TRY(auto ids, run(copied));
   return results_from(copied, ids);
+}
+
+/// Sends the COPY text of `jobs` (checked) for `into` in pieces of postgres::copy_piece_bytes:
+/// `put(std::string_view piece) -> bool` sends one (false: it could not). Answers whether every
+/// piece went; a job whose text cannot be written (never, after the checks) is answered as
+/// errc::invalid_argument, with the pieces before it already sent: the caller then ends the COPY
+/// with an error, which aborts its transaction on the server.
+template <class Put>
+result<bool> copy_rows(const postgres::copy_into& into, std::span<const new_job> jobs, Put&& put) {
+  std::string piece;
+  piece.reserve(postgres::copy_piece_bytes + 512);
+  for (std::size_t next = 0; next < jobs.size();) {
+    piece.clear();
+    TENURE_TRY(auto end, postgres::append_copy_rows(piece, jobs, !into.ready, next, postgres::copy_piece_bytes));
+    next = end;
+    if (!put(std::string_view{piece})) return false;
+  }
+  return true;
 }
 
 /// enqueue_batch for a bridge that can COPY.

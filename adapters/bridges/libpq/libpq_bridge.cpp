@@ -51,8 +51,10 @@ bridges::answer run(PGconn* conn, const bridges::enqueue_statement& st) {
                           primary ? primary : PQerrorMessage(conn));
 }
 
-/// Runs a COPY ... FROM STDIN on the caller's connection with `rows` (COPY text format).
-result<void> copy(PGconn* conn, const std::string& sql, const std::string& rows, const bridges::enqueue_statement& st) {
+/// Runs into.sql (a COPY ... FROM STDIN) on the caller's connection with the rows of `jobs`, written
+/// and sent piece by piece.
+result<void> copy(PGconn* conn, const postgres::copy_into& into, std::span<const new_job> jobs,
+                  const bridges::enqueue_statement& st) {
   const auto before = state_of(conn);
   TENURE_TRYV(bridges::check_state(st, before));
   using result_ptr = std::unique_ptr<PGresult, decltype(&PQclear)>;
@@ -63,21 +65,21 @@ result<void> copy(PGconn* conn, const std::string& sql, const std::string& rows,
                             primary ? primary : PQerrorMessage(conn));
   };
   {
-    result_ptr res{PQexec(conn, sql.c_str()), &PQclear};
+    result_ptr res{PQexec(conn, into.sql.c_str()), &PQclear};
     if (!res || PQresultStatus(res.get()) != PGRES_COPY_IN) return fail(res.get());
   }
-  // The rows in pieces of 1 MiB; a blocking connection sends each before taking the next.
-  constexpr std::size_t piece = 1 << 20;
-  bool sent = true;
-  for (std::size_t at = 0; sent && at < rows.size(); at += piece) {
-    const auto n = std::min(piece, rows.size() - at);
-    sent = PQputCopyData(conn, rows.data() + at, static_cast<int>(n)) == 1;
-  }
-  if (PQputCopyEnd(conn, sent ? nullptr : "tenure: the rows could not be sent") != 1) sent = false;
+  // A blocking connection sends each piece before the next is written: the server reads the first
+  // rows while the last are written, and the batch's text is never held whole.
+  const auto sent = bridges::copy_rows(into, jobs, [conn](std::string_view piece) {
+    return PQputCopyData(conn, piece.data(), static_cast<int>(piece.size())) == 1;
+  });
+  const bool all_sent = sent && sent.value();
+  const bool ended = PQputCopyEnd(conn, all_sent ? nullptr : "tenure: the rows could not be sent") == 1;
   // The COPY's own result, then the end of its command (a null result).
   result_ptr res{PQgetResult(conn), &PQclear};
   while (PGresult* extra = PQgetResult(conn)) PQclear(extra);
-  if (res && PQresultStatus(res.get()) == PGRES_COMMAND_OK && sent) return success();
+  if (!sent) return sent.error();  // a job's text could not be written; the COPY ended with an error
+  if (res && PQresultStatus(res.get()) == PGRES_COMMAND_OK && all_sent && ended) return success();
   return fail(res.get());
 }
 
@@ -104,8 +106,8 @@ result<std::vector<std::int64_t>> enqueue_batch(PGconn* conn, std::span<const ne
   return bridges::enqueue_batch(
       jobs, for_connection(conn, options), conn ? state_of(conn) : bridges::tx_state::unknown,
       [conn](const bridges::enqueue_statement& st) { return run(conn, st); },
-      [conn](const postgres::copy_into& into, const std::string& rows, const bridges::enqueue_statement& st) {
-        return copy(conn, into.sql, rows, st);
+      [conn](const postgres::copy_into& into, std::span<const new_job> batch, const bridges::enqueue_statement& st) {
+        return copy(conn, into, batch, st);
       });
 }
 
@@ -118,8 +120,8 @@ result<std::vector<enqueue_result>> try_enqueue_batch(PGconn* conn, std::span<co
   return bridges::try_enqueue_batch(
       jobs, for_connection(conn, options), conn ? state_of(conn) : bridges::tx_state::unknown,
       [conn](const bridges::enqueue_statement& st) { return run(conn, st); },
-      [conn](const postgres::copy_into& into, const std::string& rows, const bridges::enqueue_statement& st) {
-        return copy(conn, into.sql, rows, st);
+      [conn](const postgres::copy_into& into, std::span<const new_job> batch, const bridges::enqueue_statement& st) {
+        return copy(conn, into, batch, st);
       });
 }
 

@@ -67,7 +67,7 @@ result<void> copy(pqxx::transaction_base& tx, const postgres::copy_into& into, s
                                                       "priority", "run_at", "max_attempts", "metadata"};
   static const std::vector<std::string> ready_columns{"kind",     "args",         "queue",
                                                       "priority", "max_attempts", "metadata"};
-  // The jobs passed enqueue_copy_rows()' checks, so their JSON has a text form.
+  // The jobs passed check_copy_rows(), so their JSON has a text form.
   const auto json = [](const nlohmann::json& v) { return postgres::json_text(v).value(); };
   try {
     pqxx::stream_to out{tx, into.table, into.ready ? ready_columns : stage_columns};
@@ -118,8 +118,8 @@ result<std::vector<std::int64_t>> enqueue_batch(pqxx::transaction_base& tx, std:
                                                 const sql_options& options) {
   return bridges::enqueue_batch(
       jobs, options, copy_state(tx), [&tx](const bridges::enqueue_statement& st) { return run(tx, st); },
-      [&tx, jobs](const postgres::copy_into& into, const std::string&, const bridges::enqueue_statement& st) {
-        return copy(tx, into, jobs, st);
+      [&tx](const postgres::copy_into& into, std::span<const new_job> batch, const bridges::enqueue_statement& st) {
+        return copy(tx, into, batch, st);
       });
 }
 
@@ -131,8 +131,8 @@ result<std::vector<enqueue_result>> try_enqueue_batch(pqxx::transaction_base& tx
                                                       const sql_options& options) {
   return bridges::try_enqueue_batch(
       jobs, options, copy_state(tx), [&tx](const bridges::enqueue_statement& st) { return run(tx, st); },
-      [&tx, jobs](const postgres::copy_into& into, const std::string&, const bridges::enqueue_statement& st) {
-        return copy(tx, into, jobs, st);
+      [&tx](const postgres::copy_into& into, std::span<const new_job> batch, const bridges::enqueue_statement& st) {
+        return copy(tx, into, batch, st);
       });
 }
 

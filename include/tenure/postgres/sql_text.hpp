@@ -72,6 +72,17 @@ struct copy_into {
 result<copy_into> enqueue_copy_into(std::string_view answer, std::string_view schema, bool scheduled);
 /// The COPY text of `jobs` for `into`: enqueue_copy_ready_rows() or enqueue_copy_rows().
 result<std::string> enqueue_copy_rows_for(std::span<const new_job> jobs, const copy_into& into);
+/// The checks of enqueue_copy_rows() (`stage`) or enqueue_copy_ready_rows() (not `stage`) alone:
+/// the batch's text can then be written piece by piece with append_copy_rows() while it is sent.
+result<void> check_copy_rows(std::span<const new_job> jobs, bool stage);
+/// Appends the COPY text of jobs[from..] (for the stage or for `specs`, as above) to `out`, whole
+/// rows, until `out` holds at least `bytes` bytes or the jobs end, and answers the index of the
+/// first job not written. For jobs that passed check_copy_rows(); errc::invalid_argument should a
+/// job's JSON still have no text form.
+result<std::size_t> append_copy_rows(std::string& out, std::span<const new_job> jobs, bool stage, std::size_t from,
+                                     std::size_t bytes);
+/// The size of the pieces the COPY paths write and send (64 KiB): a batch's text is never held whole.
+inline constexpr std::size_t copy_piece_bytes = 64 * 1024;
 /// Whether any of `jobs` is scheduled (has a run_at): such a batch goes through the stage.
 bool any_scheduled(std::span<const new_job> jobs) noexcept;
 
