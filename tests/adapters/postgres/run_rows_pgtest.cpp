@@ -365,6 +365,28 @@ TEST_F(run_rows, a_second_read_back_of_the_same_copy_places_no_job_twice) {
   EXPECT_TRUE(claim(100).empty());
 }
 
+TEST_F(run_rows, a_second_read_back_after_a_claim_in_the_same_transaction_places_no_claimed_job_again) {
+  // Some of the batch claimed in the producer's transaction, then all of it.
+  for (const int first_claim : {3, 8}) {
+    db_.exec("BEGIN");
+    copy_rows(db_, "q", 2, 8);
+    const auto once = db_.scalar("SELECT " + s("enqueue_copied_ready") + "(8)");
+    const auto ids = parse_ids(once);
+    ASSERT_EQ(ids.size(), 8u);
+    EXPECT_EQ(claim(db_, first_claim), std::vector<long>(ids.begin(), ids.begin() + first_claim));
+    EXPECT_EQ(db_.scalar("SELECT " + s("enqueue_copied_ready") + "(8)"), once) << "the same answer";
+    db_.exec("COMMIT");
+    EXPECT_EQ(claim(100), std::vector<long>(ids.begin() + first_claim, ids.end()))
+        << "only the jobs no claim took: " << first_claim;
+    EXPECT_TRUE(claim(100).empty());
+    EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("claim_items") + " WHERE job_id BETWEEN $1 AND $2",
+                         {std::to_string(ids.front()), std::to_string(ids.back())}),
+              "8")
+        << "each job claimed once";
+    EXPECT_EQ(count("runs"), "0");
+  }
+}
+
 TEST_F(run_rows, producers_whose_batches_interleave_ids_each_get_a_run_and_every_job_waits_once) {
   pg other{schema_.dsn()};
   db_.exec("BEGIN");
