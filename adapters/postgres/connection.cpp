@@ -214,7 +214,12 @@ result<void> connection::copy_in(const std::string& copy_sql, const std::functio
   result<bool> more = true;
   bool sent = true;
   while (sent && (more = next(piece)) && more.value()) {
-    sent = PQputCopyData(conn_, piece.data(), static_cast<int>(piece.size())) == 1;
+    // In chunks of at most 1 MiB: a piece ends at a row's end, so one large row can make it
+    // longer than PQputCopyData's int.
+    for (std::size_t at = 0; sent && at < piece.size(); at += std::size_t{1} << 20) {
+      const auto n = std::min(std::size_t{1} << 20, piece.size() - at);
+      sent = PQputCopyData(conn_, piece.data() + at, static_cast<int>(n)) == 1;
+    }
   }
   if (!more) sent = false;
   if (PQputCopyEnd(conn_, sent ? nullptr : "tenure: the rows could not be sent") != 1) sent = false;

@@ -5,12 +5,14 @@
 -- in fewer run rows than there are concurrent claims, a claim could find every row held, return
 -- nothing and, in `sleep` mode, join the waiters while ids remained; nothing would wake it until
 -- the next enqueue or poll. Now a claim that got nothing from the runs it could lock, while run
--- rows of its queue exist, waits once for the first of them (by priority and run, or effective
--- priority with priority_aging), bounded by a lock_timeout of 500 ms (or the session's shorter
--- one), and offers that run's next ids as before. The lock is taken on the row's latest version
--- (READ COMMITTED): a run the holder used up and deleted is passed by, and `taken` is the one the
--- holder left. A wait that times out leaves the claim as it was (nothing from runs). Everything
--- else is as in migration 30.
+-- rows of its queue exist and no `ready` row of it waits, waits once for the first of them (by
+-- priority and run, or effective priority with priority_aging), bounded by a lock_timeout of
+-- 500 ms (or the session's shorter one; a deadlock ends the wait alike), and offers that run's
+-- next ids as before. The lock is taken on the row's latest version: a run the holder used up
+-- and deleted is passed by, and `taken` is the one the holder left. A wait that times out leaves
+-- the claim as it was (nothing from runs). Only at READ COMMITTED: at REPEATABLE READ the lock of
+-- a row its holder moved fails with 40001, so such a claim passes held runs by as before.
+-- Everything else is as in migration 30.
 CREATE OR REPLACE FUNCTION @schema@.claim_attempts(queue text, max_jobs int DEFAULT 1, worker text DEFAULT NULL,
                                                    idle_mode text DEFAULT NULL)
 RETURNS TABLE(job_id bigint, run_lease bigint, kind text, args jsonb, attempt int, max_attempts int,
@@ -111,11 +113,15 @@ BEGIN
       END IF;
       IF NOT FOUND THEN
         -- Every run row left is held by other claims. A claim holds one for its own few
-        -- milliseconds and takes only a prefix of its ids, so one that got nothing waits for the
-        -- first run (once, at most 500 ms or the session's shorter lock_timeout) instead of leaving
-        -- empty-handed, and as a waiter, while ids remain. A run used up meanwhile is passed by.
+        -- milliseconds and takes only a prefix of its ids, so one that would get nothing waits for
+        -- the first run (once, at most 500 ms or the session's shorter lock_timeout) instead of
+        -- leaving empty-handed, and as a waiter, while ids remain. A run used up meanwhile is
+        -- passed by. Not when `ready` rows wait (it takes those, as before), and only at READ
+        -- COMMITTED (at REPEATABLE READ the lock of a row the holder moved fails with 40001).
         EXIT WHEN got > 0 OR waited
-               OR NOT EXISTS (SELECT FROM @schema@.runs x WHERE x.queue = claim_attempts.queue);
+               OR current_setting('transaction_isolation') <> 'read committed'
+               OR NOT EXISTS (SELECT FROM @schema@.runs x WHERE x.queue = claim_attempts.queue)
+               OR EXISTS (SELECT FROM @schema@.ready p WHERE p.queue = claim_attempts.queue);
         waited := true;
         old_lt := current_setting('lock_timeout');
         IF (SELECT s.setting::bigint FROM pg_settings s WHERE s.name = 'lock_timeout') NOT BETWEEN 1 AND 500 THEN
@@ -144,8 +150,8 @@ BEGIN
              FOR UPDATE;
           END IF;
           held := FOUND;
-        EXCEPTION WHEN lock_not_available THEN
-          held := false;
+        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+          held := false;  -- as if it had passed the run by
         END;
         PERFORM set_config('lock_timeout', old_lt, true);
         EXIT WHEN NOT held;

@@ -209,6 +209,52 @@ TEST_F(run_rows, a_claim_waiting_for_a_held_run_gives_up_after_500_ms_or_the_ses
   EXPECT_EQ(claim(other, 3), std::vector<long>(ids.begin() + 4, ids.begin() + 7));
 }
 
+TEST_F(run_rows, a_claim_finding_every_run_held_takes_waiting_ready_rows_without_waiting) {
+  const auto ids = bulk("q", 2, 10);
+  const long single = std::stol(db_.scalar("SELECT " + s("enqueue") + "('k', '{}', 'q', 3)"));
+  pg other{schema_.dsn()};
+  db_.exec("BEGIN");
+  ASSERT_EQ(claim(db_, 4), std::vector<long>(ids.begin(), ids.begin() + 4));
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(claim(other, 3), std::vector<long>{single}) << "the ready row, as before";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 400ms) << "no wait for the held run";
+  db_.exec("COMMIT");
+}
+
+TEST_F(run_rows, a_claim_at_repeatable_read_passes_held_runs_by_without_waiting_or_failing) {
+  bulk("q", 2, 10);
+  pg other{schema_.dsn()};
+  db_.exec("BEGIN");
+  ASSERT_EQ(claim(db_, 4).size(), 4u);
+  other.exec("BEGIN ISOLATION LEVEL REPEATABLE READ");
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(claim(other, 3).empty()) << "nothing from the held run, and no 40001";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 400ms);
+  other.exec("COMMIT");
+  db_.exec("COMMIT");
+}
+
+TEST_F(run_rows, claims_whose_waits_for_each_others_runs_deadlock_leave_with_nothing_instead_of_failing) {
+  bulk("q1", 2, 10);
+  bulk("q2", 2, 10);
+  pg a{schema_.dsn()};
+  pg b{schema_.dsn()};
+  pg probe{schema_.dsn()};
+  for (pg* c : {&a, &b}) c->exec("SET deadlock_timeout = '50ms'");  // below the wait's 500 ms
+  a.exec("BEGIN");
+  b.exec("BEGIN");
+  ASSERT_EQ(claim(a, 1, "q1").size(), 1u);  // a holds q1's run
+  ASSERT_EQ(claim(b, 1, "q2").size(), 1u);  // b holds q2's run
+  auto a_waits = std::async(std::launch::async, [&] { return claim(a, 3, "q2"); });
+  EXPECT_TRUE(claim_waits_for_a_lock(probe));
+  const auto b_got = claim(b, 3, "q1");  // closes the cycle: one of the two waits is ended
+  b.exec("COMMIT");
+  const auto a_got = a_waits.get();
+  a.exec("COMMIT");
+  EXPECT_TRUE(a_got.empty() || b_got.empty()) << "the deadlock ended one wait with nothing";
+  EXPECT_EQ(db_.scalar("SELECT count(*) FROM " + s("claim_items")), std::to_string(2 + a_got.size() + b_got.size()));
+}
+
 TEST_F(run_rows, a_claim_beside_one_holding_a_run_of_a_large_batch_takes_the_batchs_next_run_before_a_lower_priority) {
   const auto urgent = bulk("q", 1, 1000);
   const auto later = bulk("q", 4, 100);
