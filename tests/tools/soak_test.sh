@@ -16,6 +16,7 @@ import json, sys
 d = json.loads(sys.argv[1])
 assert d["ok"] is True and d["drained"] is True, d
 assert d["jobs_enqueued"] > 100 and d["completed"] > 50, d
+assert d["bulk_batches"] >= 1, d  # jobs in run rows went through the same faults
 assert d["faults"]["worker_kills"] >= 1 and d["faults"]["server_restarts"] >= 1, d["faults"]
 assert d["trace_violations"] == 0, d["trace"]
 assert d["trace"]["transitions"] > d["jobs_enqueued"], d["trace"]

@@ -27,6 +27,10 @@ constexpr kind_share k_kinds[] = {
     {"park", 8},      {"park_timeout", 4},   {"cancel_running", 4}, {"cancel_waiting", 4},  {"caller_owned", 16},
 };
 constexpr int k_rollback_percent = 10;
+/// About one transaction in 100 is a bulk batch of k_bulk_jobs jobs of the same mix, sent over
+/// COPY (copy_threshold k_bulk_jobs): the jobs wait in run rows, which claims take apart.
+constexpr int k_bulk_per_100 = 1;
+constexpr int k_bulk_jobs = 40;
 
 }  // namespace
 
@@ -41,7 +45,7 @@ std::vector<std::int64_t> rolled_back_jobs::all() {
 }
 
 void produce(const options& opts, const names& n, producer_share share, const std::atomic<bool>& producing,
-             std::atomic<long>& errors, rolled_back_jobs& rolled_back) {
+             std::atomic<long>& errors, rolled_back_jobs& rolled_back, std::atomic<long>& bulk_batches) {
   const int index = share.index;
   std::mt19937_64 rng{opts.seed * 1'000'003 + static_cast<std::uint64_t>(index)};
   int total_weight = 0;
@@ -50,6 +54,18 @@ void produce(const options& opts, const names& n, producer_share share, const st
   auto next = clock::now();
   PGconn* conn = nullptr;
   const std::string order_sql = "INSERT INTO " + n.rec + ".orders (job_id, kind, caller_owned) VALUES ($1, $2, $3)";
+  const std::string orders_sql = "INSERT INTO " + n.rec + ".orders (job_id, kind, caller_owned) "
+                                 "SELECT * FROM unnest($1::bigint[], $2::text[], $3::boolean[])";
+  const auto pick_kind = [&] {
+    int pick = static_cast<int>(rng() % static_cast<std::uint64_t>(total_weight));
+    for (const auto& k : k_kinds) {
+      if ((pick -= k.weight) < 0) return std::string{k.kind};
+    }
+    return std::string{k_kinds[0].kind};
+  };
+  const auto job_of = [&](const std::string& kind) {
+    return new_job{.kind = kind, .args = {{"producer", index}}, .queue = kind == "deadline" ? "soak_deadline" : "soak"};
+  };
   const auto ok = [](PGresult* r) {
     const bool good = PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK;
     PQclear(r);
@@ -70,26 +86,57 @@ void produce(const options& opts, const names& n, producer_share share, const st
         continue;
       }
     }
-    int pick = static_cast<int>(rng() % static_cast<std::uint64_t>(total_weight));
-    const char* kind = k_kinds[0].kind;
-    for (const auto& k : k_kinds) {
-      if ((pick -= k.weight) < 0) {
-        kind = k.kind;
-        break;
+    if (static_cast<int>(rng() % 100) < k_bulk_per_100) {
+      // A bulk batch: its jobs and their order rows in one transaction, over COPY.
+      std::vector<new_job> jobs;
+      std::string kinds = "{", owned = "{";
+      for (int j = 0; j < k_bulk_jobs; ++j) {
+        const auto kind = pick_kind();
+        jobs.push_back(job_of(kind));
+        kinds += (j ? "," : "") + kind;
+        owned += (j ? "," : "") + std::string{kind == "caller_owned" ? "t" : "f"};
       }
+      kinds += "}";
+      owned += "}";
+      const bool rollback = static_cast<int>(rng() % 100) < k_rollback_percent;
+      next += std::chrono::duration_cast<clock::duration>(gap * (k_bulk_jobs - 1));  // the batch's share of the rate
+      if (!ok(PQexec(conn, "BEGIN"))) {
+        ++errors;
+        continue;
+      }
+      auto ids = tenure::enqueue_batch(conn, jobs, {.schema = n.tenure, .copy_threshold = k_bulk_jobs});
+      if (!ids) {
+        ++errors;
+        PQclear(PQexec(conn, "ROLLBACK"));
+        continue;
+      }
+      std::string id_list = "{";
+      for (std::size_t j = 0; j < ids.value().size(); ++j) id_list += (j ? "," : "") + std::to_string(ids.value()[j]);
+      id_list += "}";
+      const char* params[] = {id_list.c_str(), kinds.c_str(), owned.c_str()};
+      const bool written = ok(PQexecParams(conn, orders_sql.c_str(), 3, nullptr, params, nullptr, nullptr, 0));
+      if (!written || rollback) {
+        if (!written) ++errors;
+        PQclear(PQexec(conn, "ROLLBACK"));
+        for (const auto id : ids.value()) rolled_back.add(id);
+        continue;
+      }
+      if (ok(PQexec(conn, "COMMIT"))) {
+        ++bulk_batches;
+      } else {
+        ++errors;  // in doubt: the order rows say whether it committed
+      }
+      continue;
     }
+    const std::string kind_text = pick_kind();
+    const char* kind = kind_text.c_str();
     const bool rollback = static_cast<int>(rng() % 100) < k_rollback_percent;
-    const std::string kind_text = kind;
     const bool caller_owned = kind_text == "caller_owned";
     if (!ok(PQexec(conn, "BEGIN"))) {
       ++errors;
       continue;
     }
-    auto id = tenure::enqueue(conn,
-                              {.kind = kind_text,
-                               .args = {{"producer", index}},
-                               .queue = kind_text == "deadline" ? "soak_deadline" : "soak"},
-                              {.schema = n.tenure});
+    auto id = tenure::enqueue(conn, job_of(kind_text), {.schema = n.tenure});
     if (!id) {
       ++errors;
       PQclear(PQexec(conn, "ROLLBACK"));

@@ -28,8 +28,9 @@ struct producer_share {
   int producers = 1;  ///< the rate is shared among them
 };
 
-/// Enqueues until `producing` turns false; failures (an outage) count in `errors`.
+/// Enqueues until `producing` turns false; failures (an outage) count in `errors`. About one
+/// transaction in 100 is a bulk batch over COPY; those committed count in `bulk_batches`.
 void produce(const options& opts, const names& n, producer_share share, const std::atomic<bool>& producing,
-             std::atomic<long>& errors, rolled_back_jobs& rolled_back);
+             std::atomic<long>& errors, rolled_back_jobs& rolled_back, std::atomic<long>& bulk_batches);
 
 }  // namespace tenure::soak

@@ -83,7 +83,8 @@ class soak_run {
     std::vector<std::thread> threads;
     for (int i = 0; i < k_producers; ++i) {
       threads.emplace_back([this, i] {
-        produce(opts_, n_, {.index = i, .producers = k_producers}, producing_, producer_errors_, rolled_back_);
+        produce(opts_, n_, {.index = i, .producers = k_producers}, producing_, producer_errors_, rolled_back_,
+                bulk_batches_);
       });
     }
     std::thread resumer([this] { resume_loop(); });
@@ -139,6 +140,7 @@ class soak_run {
     out["drained"] = drained;
     out.update(check(check_db, n_, {.attempt_limit = k_attempt_limit, .slack = 30s}));
     out["producer_errors"] = producer_errors_.load();
+    out["bulk_batches"] = bulk_batches_.load();
     out["callbacks_resumed"] = resumed_.load();
     out["cancels_applied"] = cancels_.load();
     nlohmann::json faults = {{"worker_kills", workers_->kills()},
@@ -316,7 +318,7 @@ class soak_run {
   rolled_back_jobs rolled_back_;
   std::atomic<bool> producing_{true};
   std::atomic<bool> running_{true};
-  std::atomic<long> producer_errors_{0}, resumed_{0}, cancels_{0};
+  std::atomic<long> producer_errors_{0}, resumed_{0}, cancels_{0}, bulk_batches_{0};
   long terminations_ = 0, restarts_ = 0;
   nlohmann::json rss_samples_ = nlohmann::json::array();
   nlohmann::json table_samples_ = nlohmann::json::array();
