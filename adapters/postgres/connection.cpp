@@ -198,8 +198,7 @@ result<rows> connection::exec(const statement& st, const std::vector<param>& par
   return check(r, st.name, e);
 }
 
-result<void> connection::copy_in(const std::string& copy_sql, const std::function<result<bool>(std::string&)>& next,
-                                  effect e) {
+result<void> connection::copy_in(const std::string& copy_sql, std::span<const new_job> jobs, bool stage, effect e) {
   if (!ok()) return errc::database_unavailable;
   PGresult* started = PQexec(conn_, copy_sql.c_str());
   if (PQresultStatus(started) != PGRES_COPY_IN) {
@@ -210,26 +209,18 @@ result<void> connection::copy_in(const std::string& copy_sql, const std::functio
   PQclear(started);
   // A blocking connection sends each piece before the next is written: the server reads the first
   // rows while the last are written.
-  std::string piece;
-  result<bool> more = true;
-  bool sent = true;
-  while (sent && (more = next(piece)) && more.value()) {
-    // In chunks of at most 1 MiB: a piece ends at a row's end, so one large row can make it
-    // longer than PQputCopyData's int.
-    for (std::size_t at = 0; sent && at < piece.size(); at += std::size_t{1} << 20) {
-      const auto n = std::min(std::size_t{1} << 20, piece.size() - at);
-      sent = PQputCopyData(conn_, piece.data() + at, static_cast<int>(n)) == 1;
-    }
-  }
-  if (!more) sent = false;
-  if (PQputCopyEnd(conn_, sent ? nullptr : "tenure: the rows could not be sent") != 1) sent = false;
+  const auto sent = write_copy_rows(jobs, stage, [this](std::string_view chunk) {
+    return PQputCopyData(conn_, chunk.data(), static_cast<int>(chunk.size())) == 1;
+  });
+  const bool all_sent = sent && sent.value();
+  const bool ended_ok = PQputCopyEnd(conn_, all_sent ? nullptr : "tenure: the rows could not be sent") == 1;
   PGresult* ended = PQgetResult(conn_);
   while (PGresult* extra = PQgetResult(conn_)) PQclear(extra);
-  if (!more) {
+  if (!sent) {
     PQclear(ended);
-    return more.error();
+    return sent.error();
   }
-  if (sent && PQresultStatus(ended) == PGRES_COMMAND_OK) {
+  if (all_sent && ended_ok && PQresultStatus(ended) == PGRES_COMMAND_OK) {
     PQclear(ended);
     return success();
   }

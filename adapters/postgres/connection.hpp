@@ -6,7 +6,7 @@
 #include <libpq-fe.h>
 
 #include <chrono>
-#include <functional>
+#include <span>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -95,11 +95,11 @@ class connection {
   result<rows> exec(const statement& st, const std::vector<param>& params, effect e);
   /// Runs SQL text without parameters (may hold several statements). For migrations and DDL.
   result<rows> exec_script(const std::string& sql, effect e);
-  /// Runs `copy_sql` (a COPY ... FROM STDIN) with data in COPY's text format, sent piece by piece:
-  /// each call of `next` replaces its argument with the next piece and answers false once there is
-  /// none left. An error from `next` ends the COPY with an error (the transaction is then aborted)
-  /// and is answered.
-  result<void> copy_in(const std::string& copy_sql, const std::function<result<bool>(std::string&)>& next, effect e);
+  /// Runs `copy_sql` (a COPY ... FROM STDIN) with the rows of `jobs` (checked by
+  /// check_copy_rows(); for the stage when `stage`), written and sent piece by piece
+  /// (write_copy_rows()). A job whose text cannot be written ends the COPY with an error (the
+  /// transaction is then aborted), and that error is answered.
+  result<void> copy_in(const std::string& copy_sql, std::span<const new_job> jobs, bool stage, effect e);
 
   /// True when the server process answering differs from the one this connection was given at
   /// connect: a pooler (pgbouncer, ...) sits between, handing out its own backend keys. Any

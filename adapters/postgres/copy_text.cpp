@@ -1,6 +1,7 @@
 // The text the bulk enqueue over COPY sends: rows in COPY's text format and the COPY statement.
 #include <algorithm>
 #include <charconv>
+#include <functional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -52,28 +53,10 @@ void append_int(std::string& out, long long v) {
   out.append(buf, r.ptr);
 }
 
-/// The COPY text of `jobs`: for the stage, `ord` first and run_at after priority; for `specs`,
-/// neither (a scheduled job is refused there).
-result<std::string> copy_rows(std::span<const new_job> jobs, bool stage) {
-  TENURE_TRYV(check_copy_rows(jobs, stage));
-  std::string out;
-  out.reserve(jobs.size() * 48);
-  TENURE_TRY(auto end, append_copy_rows(out, jobs, stage, 0, std::string::npos));
-  (void)end;
-  return out;
-}
-
-}  // namespace
-
-result<void> check_copy_rows(std::span<const new_job> jobs, bool stage) {
-  for (const auto& j : jobs) {
-    TENURE_TRYV(validate(j));
-    if (j.unique_key) return error{errc::invalid_argument, "a job with a unique_key cannot be enqueued over COPY"};
-    if (!stage && j.run_at) return error{errc::invalid_argument, "a scheduled job cannot be copied straight into ready"};
-  }
-  return success();
-}
-
+/// Appends the COPY text of jobs[from..] to `out`, whole rows, until `out` holds at least `bytes`
+/// bytes or the jobs end; answers the index of the first job not written. For the stage, `ord`
+/// (the job's place, from 1) first and run_at after priority; for `specs`, neither. The jobs
+/// passed check_copy_rows().
 result<std::size_t> append_copy_rows(std::string& out, std::span<const new_job> jobs, bool stage, std::size_t from,
                                      std::size_t bytes) {
   std::size_t i = from;
@@ -103,6 +86,46 @@ result<std::size_t> append_copy_rows(std::string& out, std::span<const new_job> 
   return i;
 }
 
+/// The whole COPY text of `jobs` (checked here).
+result<std::string> copy_rows(std::span<const new_job> jobs, bool stage) {
+  TENURE_TRYV(check_copy_rows(jobs, stage));
+  std::string out;
+  out.reserve(jobs.size() * 48);
+  TENURE_TRY(auto end, append_copy_rows(out, jobs, stage, 0, std::string::npos));
+  (void)end;
+  return out;
+}
+
+}  // namespace
+
+result<void> check_copy_rows(std::span<const new_job> jobs, bool stage) {
+  for (const auto& j : jobs) {
+    TENURE_TRYV(validate(j));
+    if (j.unique_key) return error{errc::invalid_argument, "a job with a unique_key cannot be enqueued over COPY"};
+    if (!stage && j.run_at) return error{errc::invalid_argument, "a scheduled job cannot be copied straight into ready"};
+  }
+  return success();
+}
+
+result<bool> write_copy_rows(std::span<const new_job> jobs, bool stage,
+                             const std::function<bool(std::string_view)>& put) {
+  constexpr std::size_t piece_bytes = 64 * 1024;
+  constexpr std::size_t chunk_bytes = 1 << 20;  // PQputCopyData takes an int length
+  std::string piece;
+  piece.reserve(piece_bytes + 512);
+  for (std::size_t next = 0; next < jobs.size();) {
+    piece.clear();
+    TENURE_TRY(auto end, append_copy_rows(piece, jobs, stage, next, piece_bytes));
+    next = end;
+    // A piece ends at a row's end, so one large row can make it longer than a chunk.
+    for (std::size_t at = 0; at < piece.size(); at += chunk_bytes) {
+      if (!put(std::string_view{piece}.substr(at, chunk_bytes))) return false;
+    }
+  }
+  return true;
+}
+
+
 result<std::string> enqueue_copy_rows(std::span<const new_job> jobs) { return copy_rows(jobs, true); }
 
 result<std::string> enqueue_copy_ready_rows(std::span<const new_job> jobs) { return copy_rows(jobs, false); }
@@ -131,10 +154,6 @@ result<copy_into> enqueue_copy_into(std::string_view answer, std::string_view sc
   }
   TENURE_TRY(auto sql, enqueue_copy_statement(answer));
   return copy_into{.table = std::string{answer}, .sql = std::move(sql), .ready = false};
-}
-
-result<std::string> enqueue_copy_rows_for(std::span<const new_job> jobs, const copy_into& into) {
-  return copy_rows(jobs, !into.ready);
 }
 
 bool any_scheduled(std::span<const new_job> jobs) noexcept {

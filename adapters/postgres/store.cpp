@@ -122,18 +122,8 @@ result<std::optional<std::vector<enqueue_result>>> store::copy_enqueue(std::span
     if (target.size() == 1 && target.is_null(0, 0)) return std::optional<std::vector<enqueue_result>>{};
     if (target.size() != 1) return errc::protocol_error;
     TENURE_TRY(auto into, enqueue_copy_into(target.text(0, 0), impl_->opt.schema, scheduled));
-    // The rows for where it goes (the stage's, when not offered `specs`), 64 KiB at a time.
-    std::size_t next = 0;
-    TENURE_TRYV(c.copy_in(
-        into.sql,
-        [&](std::string& piece) -> result<bool> {
-          if (next == jobs.size()) return false;
-          piece.clear();
-          TENURE_TRY(auto end, append_copy_rows(piece, jobs, !into.ready, next, copy_piece_bytes));
-          next = end;
-          return true;
-        },
-        effect::read));
+    // The rows for where it goes (the stage's, when not offered `specs`).
+    TENURE_TRYV(c.copy_in(into.sql, jobs, !into.ready, effect::read));
     const auto n = number(static_cast<std::int64_t>(jobs.size()));
     TENURE_TRY(auto moved, into.ready ? c.exec(impl_->st.copy_ready_ids, {n}, effect::read)
                                       : c.exec(impl_->st.copy_move, {}, effect::read));

@@ -9,7 +9,7 @@
 /// job goes into the session's stage (a temporary table tenure owns) and
 /// `<schema>.enqueue_copied()` moves it into the job tables. A bridge supplies what
 /// enqueue_sql.hpp asks of it (running one statement) and one more function that runs a COPY of the
-/// jobs (copy_rows() below writes and sends their text piece by piece).
+/// jobs (postgres::write_copy_rows() writes their text piece by piece).
 #include <cstddef>
 #include <span>
 #include <string>
@@ -55,7 +55,7 @@ inline enqueue_statement copied_statement(const sql_options& options, const post
 /// enqueue_batch statement. A batch with no scheduled job goes straight into `specs` when the
 /// server offers it, any other into the stage. `run(const enqueue_statement&) -> answer` as in
 /// enqueue_sql.hpp; `copy(const postgres::copy_into& into, std::span<const new_job> jobs, const
-/// enqueue_statement& step) -> result<void>` runs into.sql with the jobs' rows (copy_rows(), or the
+/// enqueue_statement& step) -> result<void>` runs into.sql with the jobs' rows (write_copy_rows(), or the
 /// driver's own COPY into into.table), its failures made by failure() for `step`. Every job is
 /// checked before anything is sent.
 template <class Run, class Copy>
@@ -76,24 +76,6 @@ result<std::vector<enqueue_result>> try_enqueue_batch(std::span<const new_job> j
   const auto copied = copied_statement(options, into, jobs.size());
   TENURE_TRY(auto ids, run(copied));
   return results_from(copied, ids);
-}
-
-/// Sends the COPY text of `jobs` (checked) for `into` in pieces of postgres::copy_piece_bytes:
-/// `put(std::string_view piece) -> bool` sends one (false: it could not). Answers whether every
-/// piece went; a job whose text cannot be written (never, after the checks) is answered as
-/// errc::invalid_argument, with the pieces before it already sent: the caller then ends the COPY
-/// with an error, which aborts its transaction on the server.
-template <class Put>
-result<bool> copy_rows(const postgres::copy_into& into, std::span<const new_job> jobs, Put&& put) {
-  std::string piece;
-  piece.reserve(postgres::copy_piece_bytes + 512);
-  for (std::size_t next = 0; next < jobs.size();) {
-    piece.clear();
-    TENURE_TRY(auto end, postgres::append_copy_rows(piece, jobs, !into.ready, next, postgres::copy_piece_bytes));
-    next = end;
-    if (!put(std::string_view{piece})) return false;
-  }
-  return true;
 }
 
 /// enqueue_batch for a bridge that can COPY.

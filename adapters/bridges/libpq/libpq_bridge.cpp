@@ -70,13 +70,8 @@ result<void> copy(PGconn* conn, const postgres::copy_into& into, std::span<const
   }
   // A blocking connection sends each piece before the next is written: the server reads the first
   // rows while the last are written, and the batch's text is never held whole.
-  const auto sent = bridges::copy_rows(into, jobs, [conn](std::string_view piece) {
-    // (a piece ends at a row's end, so one large row can make it longer than PQputCopyData's int)
-    for (std::size_t at = 0; at < piece.size(); at += std::size_t{1} << 20) {
-      const auto n = std::min(std::size_t{1} << 20, piece.size() - at);
-      if (PQputCopyData(conn, piece.data() + at, static_cast<int>(n)) != 1) return false;
-    }
-    return true;
+  const auto sent = postgres::write_copy_rows(jobs, !into.ready, [conn](std::string_view chunk) {
+    return PQputCopyData(conn, chunk.data(), static_cast<int>(chunk.size())) == 1;
   });
   const bool all_sent = sent && sent.value();
   const bool ended = PQputCopyEnd(conn, all_sent ? nullptr : "tenure: the rows could not be sent") == 1;

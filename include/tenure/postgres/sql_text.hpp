@@ -6,6 +6,7 @@
 /// connection, thread-safe.
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -70,19 +71,15 @@ struct copy_into {
 /// `scheduled` job, or a stage (enqueue_copy_statement()); errc::protocol_error for any other text
 /// (only those names are ever pasted into SQL), errc::invalid_argument for a bad schema name.
 result<copy_into> enqueue_copy_into(std::string_view answer, std::string_view schema, bool scheduled);
-/// The COPY text of `jobs` for `into`: enqueue_copy_ready_rows() or enqueue_copy_rows().
-result<std::string> enqueue_copy_rows_for(std::span<const new_job> jobs, const copy_into& into);
 /// The checks of enqueue_copy_rows() (`stage`) or enqueue_copy_ready_rows() (not `stage`) alone:
-/// the batch's text can then be written piece by piece with append_copy_rows() while it is sent.
+/// the batch's text can then be written and sent piece by piece with write_copy_rows().
 result<void> check_copy_rows(std::span<const new_job> jobs, bool stage);
-/// Appends the COPY text of jobs[from..] (for the stage or for `specs`, as above) to `out`, whole
-/// rows, until `out` holds at least `bytes` bytes or the jobs end, and answers the index of the
-/// first job not written. For jobs that passed check_copy_rows(); errc::invalid_argument should a
-/// job's JSON still have no text form.
-result<std::size_t> append_copy_rows(std::string& out, std::span<const new_job> jobs, bool stage, std::size_t from,
-                                     std::size_t bytes);
-/// The size of the pieces the COPY paths write and send (64 KiB): a batch's text is never held whole.
-inline constexpr std::size_t copy_piece_bytes = 64 * 1024;
+/// Writes the COPY text of `jobs` (for the stage or for `specs`, as above; the jobs passed
+/// check_copy_rows()) in pieces of whole rows of about 64 KiB, each handed to `put` in chunks of
+/// at most 1 MiB (`put` answers whether it sent it), so the batch's text is never held whole.
+/// Answers false when `put` failed, errc::invalid_argument should a job's JSON still have no text
+/// form (the pieces before it were sent).
+result<bool> write_copy_rows(std::span<const new_job> jobs, bool stage, const std::function<bool(std::string_view)>& put);
 /// Whether any of `jobs` is scheduled (has a run_at): such a batch goes through the stage.
 bool any_scheduled(std::span<const new_job> jobs) noexcept;
 
