@@ -129,19 +129,13 @@ BEGIN
         END IF;
         BEGIN
           IF lim_aging IS NULL THEN
-            SELECT x.ctid, x.priority, x.run_id, x.created_at, x.taken, cardinality(x.job_ids),
-                   x.job_ids[x.taken + 1 : x.taken + lim_take - got]
-              INTO o_at, o_prio, o_run, o_since, o_taken, o_total, o_ids
-              FROM @schema@.runs x
+            PERFORM FROM @schema@.runs x
              WHERE x.queue = claim_attempts.queue
              ORDER BY x.priority, x.run_id
              LIMIT 1
              FOR UPDATE;
           ELSE
-            SELECT x.ctid, x.priority, x.run_id, x.created_at, x.taken, cardinality(x.job_ids),
-                   x.job_ids[x.taken + 1 : x.taken + lim_take - got]
-              INTO o_at, o_prio, o_run, o_since, o_taken, o_total, o_ids
-              FROM @schema@.runs x
+            PERFORM FROM @schema@.runs x
              WHERE x.queue = claim_attempts.queue
              ORDER BY greatest(1, x.priority - floor(greatest(0, extract(epoch FROM now() - x.created_at))
                                                       / extract(epoch FROM lim_aging))),
@@ -155,6 +149,11 @@ BEGIN
         END;
         PERFORM set_config('lock_timeout', old_lt, true);
         EXIT WHEN NOT held;
+        -- The run is this claim's now, so the pass above finds it (SKIP LOCKED passes only the
+        -- locks of others) and reads it as before, from the start of the queue's runs.
+        o_prio := 0;
+        o_run := 0;
+        CONTINUE;
       END IF;
       r_at := r_at || o_at;
       r_prio := r_prio || o_prio;

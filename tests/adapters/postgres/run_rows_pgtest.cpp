@@ -170,6 +170,19 @@ TEST_F(run_rows, a_claim_finding_every_run_held_waits_for_the_first_and_takes_it
   EXPECT_EQ(other.scalar("SHOW lock_timeout"), "0") << "the session's lock_timeout is restored";
 }
 
+TEST_F(run_rows, with_priority_aging_a_claim_finding_every_run_held_waits_for_one_too) {
+  const auto ids = bulk("q", 3, 10);
+  db_.exec("SELECT " + s("configure_queue") + "('q', '{\"priority_aging\": \"1 minute\"}')");
+  pg other{schema_.dsn()};
+  pg probe{schema_.dsn()};
+  db_.exec("BEGIN");
+  ASSERT_EQ(claim(db_, 4), std::vector<long>(ids.begin(), ids.begin() + 4));
+  auto waiting = std::async(std::launch::async, [&] { return claim(other, 3); });
+  EXPECT_TRUE(claim_waits_for_a_lock(probe));
+  db_.exec("COMMIT");
+  EXPECT_EQ(waiting.get(), std::vector<long>(ids.begin() + 4, ids.begin() + 7));
+}
+
 TEST_F(run_rows, a_claim_waiting_for_a_held_run_the_holder_used_up_goes_on_to_the_next_run) {
   const auto first = bulk("q", 2, 10);
   const auto second = bulk("q", 2, 10);
