@@ -495,6 +495,7 @@ TEST_F(cli_pg, refusals_name_the_field_and_the_allowed_range_in_words) {
       {{"bench", "--jobs", "0"}, "--jobs: '0' is out of range: must be a whole number from 1 to 100000000"},
       {{"bench", "--producers", "300"}, "--producers: '300' is out of range: must be a whole number from 1 to 256"},
       {{"bench", "--pickup-samples", "0"}, "--pickup-samples: '0' is out of range"},
+      {{"bench", "--max-concurrency", "-1"}, "--max-concurrency: '-1' is out of range: must be a whole number from 0 to 100000"},
       {{"bench", "--mode", "fast"}, "--mode: 'fast' is not a mode: must be runtime, sql-limit, enqueue-single, caller-owned or prune"},
   };
   for (auto [args, message] : cases) {
@@ -1439,6 +1440,8 @@ TEST_F(cli_pg, bench_caller_owned_reports_the_bare_commit_rate_its_ratio_and_whe
   EXPECT_NEAR(j.at("caller_owned_vs_bare").get<double>(), owned / bare, 0.006 + owned / bare * 0.01) << j;
   // One commit per caller-owned job: its own business transaction.
   EXPECT_GE(j.at("caller_owned_commits_per_job").get<double>(), 1.0);
+  // Six permits per handler thread unless --max-concurrency says otherwise.
+  EXPECT_EQ(j.at("max_concurrency"), 12) << j;
 
   // Where the cost goes. Both phases took CPU for every job. (Which took more is not asserted: other tests share the
   // machine's CPU, and these phases last a fraction of a second.)
@@ -1457,6 +1460,24 @@ TEST_F(cli_pg, bench_caller_owned_reports_the_bare_commit_rate_its_ratio_and_whe
   const double cores = std::max(1u, std::thread::hardware_concurrency());
   EXPECT_NEAR(owned_cpu, j.at("caller_owned_cpu_busy_pct").get<double>() / 100 * cores * 1000 / owned,
               owned_cpu * 0.02 + 0.002) << j;
+}
+
+TEST_F(cli_pg, bench_caller_owned_max_concurrency_bounds_each_claim) {
+  own_database own{*db_, dsn_};
+  pg in_own{own.dsn()};
+  const auto j = run_bench(own.dsn(), {"--mode", "caller-owned", "--jobs", "200", "--producers", "2",
+                                       "--max-concurrency", "3", "--keep-schema"});
+  EXPECT_EQ(j.at("max_concurrency"), 3) << j;
+  EXPECT_EQ(j.at("caller_owned_handler_failures"), 0) << j;
+  ASSERT_TRUE(schema_exists(in_own, j));
+  const std::string schema = j.at("schema");
+  // Every claim of the caller-owned jobs took at most the queue's three permits (with the default
+  // twelve, claims of up to twelve), and they all ran.
+  EXPECT_EQ(in_own.exec("SELECT max(cardinality(c.job_ids)) FROM " + schema + ".claims c WHERE EXISTS (SELECT FROM " +
+                        schema + ".specs s WHERE s.id = c.job_ids[1] AND s.kind = 'charge')"),
+            "3");
+  EXPECT_GE(j.at("caller_owned_claims_per_job").get<double>(), 0.333) << j;
+  in_own.exec("DROP SCHEMA " + schema + " CASCADE");
 }
 
 TEST_F(cli_pg, bench_runtime_waiting_jobs_stay_in_their_queue_through_the_drain) {

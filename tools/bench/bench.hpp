@@ -36,6 +36,10 @@ struct options {
   /// caller-owned: the handlers call complete_in_tx and then COMMIT (two round trips) instead of
   /// complete_and_commit (one).
   bool separate_commit = false;
+  /// caller-owned: the queue's max_concurrency (attempts claimed at once, running or waiting for a
+  /// handler thread); 0 = six per handler thread, so that attempts wait for the threads rather
+  /// than the threads for the next claim.
+  int max_concurrency = 0;
   /// runtime: a CHECKPOINT before the run, so that no checkpoint an earlier run started is still
   /// writing through this one (needs the pg_checkpoint role or a superuser).
   bool checkpoint_first = false;

@@ -97,6 +97,10 @@ double cpu_ms_per_job(const cpu_share& c, double per_s) {
   return per_s > 0 ? rounded(c.busy_pct / 100 * cores * 1000 / per_s, 3) : 0.0;
 }
 
+/// The caller-owned queue's permits: --max-concurrency, or six per handler thread. With two per
+/// thread, the threads waited for the next claim a quarter of their time (bench/RESULTS.md).
+int caller_owned_permits(const options& o) { return o.max_concurrency > 0 ? o.max_concurrency : o.producers * 6; }
+
 }  // namespace
 
 /// Caller-owned finalization next to the batched path, in one run: the same N jobs drained (a)
@@ -142,7 +146,7 @@ nlohmann::json run_caller_owned(const options& o, const std::string& schema) {
   {
     auto cfg = drain_config(o);
     cfg.handler_threads = o.producers;
-    cfg.queues[0].max_concurrency = o.producers * 2;
+    cfg.queues[0].max_concurrency = caller_owned_permits(o);
     auto rt = make_runtime(o.dsn, schema, cfg);
     const std::string insert = "INSERT INTO " + schema + ".bench_orders VALUES ($1, $2)";
     rt->handle_caller_owned("charge", [&](caller_owned_context& ctx) -> result<finalization_receipt> {
@@ -202,6 +206,7 @@ nlohmann::json run_caller_owned(const options& o, const std::string& schema) {
   return {{"scenario", "caller-owned"},
           {"jobs", o.jobs},
           {"handler_threads", o.producers},
+          {"max_concurrency", caller_owned_permits(o)},
           // complete_and_commit (one round trip) or complete_in_tx then COMMIT (--separate-commit)
           {"caller_owned_commit", o.separate_commit ? "separate" : "with-completion"},
           {"batched_drain_jobs_per_s", std::round(o.jobs / batched_s)},

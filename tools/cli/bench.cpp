@@ -89,6 +89,10 @@ void register_bench(CLI::App& app, context& ctx) {
   cmd->add_flag("--keep-schema", opts->keep_schema, "Keep the bench schema for inspection");
   cmd->add_flag("--separate-commit", opts->separate_commit,
                 "caller-owned: handlers call complete_in_tx, then COMMIT (two round trips), not complete_and_commit");
+  cmd->add_option("--max-concurrency", opts->max_concurrency,
+                  "caller-owned: the queue's max_concurrency, attempts claimed at once (0 = six per handler thread)")
+      ->check([](const std::string& t) { return check_integer(t, 0, 100'000); }, "0..100000")
+      ->capture_default_str();
   cmd->add_flag("--checkpoint-first", opts->checkpoint_first,
                 "runtime: CHECKPOINT before the run, so that no earlier run's checkpoint writes through it");
   cmd->add_flag("--notify-always", opts->notify_always,
