@@ -125,7 +125,6 @@ result<bool> write_copy_rows(std::span<const new_job> jobs, bool stage,
   return true;
 }
 
-
 result<std::string> enqueue_copy_rows(std::span<const new_job> jobs) { return copy_rows(jobs, true); }
 
 result<std::string> enqueue_copy_ready_rows(std::span<const new_job> jobs) { return copy_rows(jobs, false); }
